@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Installs everything the sandbox and the tests need, idempotently:
+#   - host packages (rootful podman with runc, netavark, mmdebstrap) when missing;
+#   - our own containers.conf (pointed at by CONTAINERS_CONF; /etc/containers is left alone);
+#   - the locked controller toolchain in a venv under the cache directory;
+#   - the pinned collections of requirements.yml, taken from the `ansible` wheel on PyPI
+#     because Ansible Galaxy is not reachable from every network.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+export DEBIAN_FRONTEND=noninteractive
+
+ANSIBLE_BUNDLE_VERSION=14.5.0   # the bundle that ships the collection versions pinned in requirements.yml
+APT_PACKAGES=(podman runc netavark aardvark-dns iptables mmdebstrap curl)
+
+install_host_packages() {
+  local missing=() pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  [ "$(id -u)" -eq 0 ] || die "missing packages ${missing[*]}: run as root or install them with apt-get"
+  stage "apt-get install ${missing[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+write_containers_conf() {
+  mkdir -p "$CACHE_DIR"
+  # nofile/nproc: podman's defaults exceed hard limits that even root cannot raise on some VMs;
+  # runc: crun rejects cgroup v1/v2 hybrid hosts; netavark: podman 4.3 silently falls back to CNI.
+  cat > "$CONTAINERS_CONF_FILE.tmp" <<'CONF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+[network]
+network_backend = "netavark"
+[engine]
+runtime = "runc"
+CONF
+  mv "$CONTAINERS_CONF_FILE.tmp" "$CONTAINERS_CONF_FILE"
+}
+
+install_venv() {
+  local stamp="$VENV_DIR/.requirements.sha256" want python
+  want=$(sha256sum "$REPO_ROOT/requirements/controller.txt" | cut -d' ' -f1)
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
+  python=$(find_python) || die "no Python >= 3.12 found (ansible-core 2.21 needs it on the controller).
+Install python3.12 or python3.13 (apt, pyenv or uv), or set BWS_PYTHON=/path/to/python3.12"
+  stage "venv $VENV_DIR ($("$python" --version))"
+  rm -rf "$VENV_DIR"
+  "$python" -m venv "$VENV_DIR"
+  "$VENV_DIR/bin/pip" install -q --no-deps -r "$REPO_ROOT/requirements/controller.txt" 2>&1 | grep -v "is ignored" || true
+  "$VENV_DIR/bin/python" -c 'import ansible, ansible_runner, molecule, testinfra, yaml' \
+    || die "controller venv is incomplete"
+  echo "$want" > "$stamp"
+}
+
+install_collections() {
+  local stamp="$COLLECTIONS_DIR/.requirements.sha256" want wheel_dir
+  want=$(sha256sum "$REPO_ROOT/requirements.yml" | cut -d' ' -f1)
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
+  stage "collections from requirements.yml"
+  rm -rf "$COLLECTIONS_DIR"; mkdir -p "$COLLECTIONS_DIR"
+  if ! timeout 60 ansible-galaxy collection install -r "$REPO_ROOT/requirements.yml" \
+        -p "$COLLECTIONS_DIR" >/dev/null 2>&1; then
+    echo "Ansible Galaxy not reachable: taking the pinned collections from the ansible $ANSIBLE_BUNDLE_VERSION wheel"
+    wheel_dir=$(mktemp -d)
+    pip download -q --no-deps -d "$wheel_dir" "ansible==$ANSIBLE_BUNDLE_VERSION" 2>&1 | grep -v "is ignored" || true
+    "$VENV_DIR/bin/python" "$REPO_ROOT/scripts/extract_collections.py" \
+      "$wheel_dir"/ansible-"$ANSIBLE_BUNDLE_VERSION"-*.whl "$REPO_ROOT/requirements.yml" "$COLLECTIONS_DIR"
+    rm -rf "$wheel_dir"
+  fi
+  echo "$want" > "$stamp"
+}
+
+install_host_packages
+write_containers_conf
+install_venv
+install_collections

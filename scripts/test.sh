@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The project's one test command (README, .ci/run). Installs what it needs, then runs, failing on
+# the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
+# module, pytest (unit + integration), the engine contracts, and Molecule on systemd test hosts.
+# Prints wall time per stage and ends with a pytest-style "N passed, N failed" line.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$REPO_ROOT"
+
+RESULTS=$(mktemp -d)
+trap 'rm -rf "$RESULTS"' EXIT
+declare -a STAGE_TIMES=()
+
+summary() {
+  local status=$1
+  printf '\n### stage times\n'; printf '  %s\n' "${STAGE_TIMES[@]}"
+  "$VENV_DIR/bin/python" "$REPO_ROOT/tests/summary.py" "$RESULTS" || true
+  exit "$status"
+}
+
+# run_stage NAME COMMAND...: times the stage; on failure records it and stops everything.
+run_stage() {
+  local name=$1 start rc=0; shift
+  start=$(date +%s)
+  stage "$name"
+  "$@" || rc=$?
+  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name" "$(( $(date +%s) - start ))" "$([ $rc -eq 0 ] && echo ok || echo FAILED)")")
+  printf '%s\t%s\n' "$name" "$rc" >> "$RESULTS/stages.tsv"
+  [ $rc -eq 0 ] || summary 1
+}
+
+syntax_check() {
+  local playbook
+  for playbook in playbooks/*.yml; do
+    ansible-playbook --syntax-check -i inventory/sandbox "$playbook" >/dev/null || { echo "syntax: $playbook"; return 1; }
+  done
+  echo "syntax ok: $(ls playbooks/*.yml | wc -l) playbooks"
+}
+
+module_docs() {
+  local module
+  for module in library/*.py; do
+    module=$(basename "$module" .py)
+    ansible-doc -M library "$module" >/dev/null || { echo "ansible-doc failed: $module"; return 1; }
+  done
+  echo "ansible-doc ok: $(ls library/*.py 2>/dev/null | wc -l) modules"
+}
+
+pytest_stage() {  # pytest_stage NAME ARGS...
+  local name=$1; shift
+  pytest -q -p no:cacheprovider --junitxml="$RESULTS/$name.xml" "$@"
+}
+
+run_molecule() {
+  local scenario
+  for scenario in ${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}; do
+    [ -f "molecule/$scenario/molecule.yml" ] || continue
+    stage "molecule test -s $scenario"
+    BWS_JUNIT="$RESULTS/molecule-$scenario.xml" molecule test -s "$scenario" || return 1
+  done
+}
+
+run_stage bootstrap bash scripts/bootstrap.sh
+run_stage image bash scripts/build-image.sh
+run_stage yamllint yamllint --strict .
+run_stage ansible-lint ansible-lint --strict -q
+run_stage ruff ruff check .
+run_stage syntax-check syntax_check
+run_stage ansible-doc module_docs
+run_stage pytest pytest_stage pytest tests/unit tests/integration
+if [ -d tests/contract ]; then
+  run_stage contracts pytest_stage contracts tests/contract
+fi
+run_stage molecule run_molecule
+summary 0

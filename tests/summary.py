@@ -1,0 +1,43 @@
+"""Print the closing line of a test run from the JUnit XML files and stage results in a folder.
+
+Every lint/check stage counts as one test; pytest and testinfra report their own cases.
+"""
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def junit_counts(path: Path) -> tuple[int, int, int]:
+    passed = failed = skipped = 0
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcomes = {child.tag for child in case}
+        if outcomes & {"failure", "error"}:
+            failed += 1
+        elif "skipped" in outcomes:
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped
+
+
+def main(results: Path) -> None:
+    passed = failed = skipped = 0
+    junit_stages = {p.stem for p in results.glob("*.xml")}
+    stages = results / "stages.tsv"
+    for line in stages.read_text().splitlines() if stages.exists() else []:
+        name, rc = line.split("\t")
+        if name in junit_stages or name == "molecule":
+            if rc != "0" and name == "molecule":
+                failed += 1
+            continue
+        passed, failed = (passed + 1, failed) if rc == "0" else (passed, failed + 1)
+    for xml in sorted(results.glob("*.xml")):
+        p, f, s = junit_counts(xml)
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+    line = f"{passed} passed, {failed} failed"
+    print(line + (f", {skipped} skipped" if skipped else ""))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
