@@ -1,0 +1,93 @@
+"""Thin slice on a real systemd host: the unit deploy_sglang.yml wrote serves, and teardown.yml ends it.
+
+Tests run in file order; the teardown test comes last because it stops what the others look at.
+"""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import testinfra.utils.ansible_runner
+
+INVENTORY_FILE = os.environ["MOLECULE_INVENTORY_FILE"]
+INVENTORY_DIR = str(Path(INVENTORY_FILE).parent)
+REPO = Path(__file__).resolve().parents[3]
+# testinfra's native podman backend: one `podman exec` per command instead of one Ansible run.
+testinfra_hosts = [
+    "podman://" + name
+    for name in testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY_FILE).get_hosts("gpu_servers")
+]
+
+HEALTH = ("python3 -c \"import urllib.request as u; "
+          "print(u.urlopen('http://127.0.0.1:30000/health', timeout=10).status)\"")
+
+
+def run_playbook(name: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ansible-playbook", "-i", INVENTORY_DIR, str(REPO / "playbooks" / name), *extra],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )
+
+
+def recap_counts(output: str) -> dict[str, int]:
+    line = next(line for line in output.splitlines() if "ok=" in line and "changed=" in line)
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def test_01_unit_is_enabled_and_active(host):
+    service = host.service("sglang.service")
+    assert service.is_enabled
+    assert service.is_running
+
+
+def test_02_health_answers_200(host):
+    assert host.check_output(HEALTH) == "200"
+
+
+def test_03_unit_is_exec_hardened_and_bounded(host):
+    unit = host.file("/etc/systemd/system/sglang.service")
+    assert unit.user == "root" and unit.mode == 0o644
+    text = unit.content_string
+    for line in ("Type=exec", "KillMode=mixed", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                 "PrivateTmp=yes", "RemoveIPC=yes", "LimitMEMLOCK=infinity", "User=sglang",
+                 "Conflicts=vllm.service", "Restart=on-failure"):
+        assert line in text.splitlines(), line
+    unit_section = text.split("[Service]")[0]
+    assert "StartLimitBurst=" in unit_section and "StartLimitIntervalSec=" in unit_section
+    assert re.search(r"^ExecStart=/opt/sglang/venv/bin/sglang serve --config /var/lib/llm-serving/releases/"
+                     r"sglang-[0-9a-f]{12}/config.yaml$", text, re.M)
+
+
+def test_04_engine_runs_as_the_service_user(host):
+    main_pid = host.check_output("systemctl show -p MainPID --value sglang.service")
+    assert host.check_output(f"ps -o user= -p {main_pid}") == "sglang"
+
+
+def test_05_config_is_readable_by_root_and_the_service_group_only(host):
+    config = host.check_output("ls /var/lib/llm-serving/releases/sglang-*/config.yaml")
+    file = host.file(config)
+    assert (file.user, file.group, file.mode) == ("root", "sglang", 0o640)
+    assert "speculative-algorithm: \"EAGLE3\"" in file.content_string
+    assert "tp-size: 1" in file.content_string
+
+
+def test_06_state_records_the_serving_release(host):
+    state = host.file("/var/lib/llm-serving/state.json").content_string
+    assert re.search(r'"current": "sglang-[0-9a-f]{12}"', state)
+
+
+def test_07_check_diff_on_a_deployed_host_changes_nothing():
+    result = run_playbook("deploy_sglang.yml", "--check", "--diff")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert recap_counts(result.stdout)["changed"] == 0, result.stdout[-3000:]
+    assert "--- before" not in result.stdout
+
+
+def test_99_teardown_leaves_the_unit_inactive_and_disabled(host):
+    result = run_playbook("teardown.yml")
+    assert result.returncode == 0, result.stdout[-3000:]
+    service = host.service("sglang.service")
+    assert not service.is_running
+    assert not service.is_enabled
+    assert host.run(HEALTH).rc != 0
