@@ -1,0 +1,294 @@
+#!/usr/bin/python
+"""Ansible module: fetch a model directory from its source, resumably, and verify it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_fetch
+short_description: Fetch a model (or drafter) directory from its source, resuming and verifying
+description:
+  - Lists the files of a model from its source (Hugging Face Hub API, an HTTP mirror with a manifest, a
+    local or NFS-mounted directory, or rsync), checks free disk space before writing anything, transfers the
+    missing files into C(<file>.part) and resumes those partial files on the next run (HTTP Range, seek,
+    C(rsync --append-verify)), verifies sizes and the checksums the source publishes (LFS sha256 and git blob
+    ids on the Hub, sha256 in a manifest), and records the complete copy in
+    C(<dest>/.model_store/manifest.json).
+  - A complete copy is never removed or overwritten; a file that disagrees with the source stops the run with
+    a message that names it and says what to do.
+  - Once a directory is recorded complete, later runs check it against the record without the network
+    unless O(refresh=true).
+  - Progress of a running transfer is written to C(<dest>/.model_store/progress.json) every second.
+options:
+  dest:
+    description: Model directory on the host.
+    type: path
+    required: true
+  source:
+    description:
+      - Where the files come from. C(type) is one of C(hf), C(http), C(local), C(nfs), C(rsync).
+      - "C(hf): C(repo), C(revision) (default C(main)), C(endpoint) (default U(https://huggingface.co))."
+      - "C(http): C(url) (base URL of the files), C(manifest) (path under C(url), default
+        C(.model_store/manifest.json): the format this module writes)."
+      - "C(local): C(path). C(nfs): C(export), C(mount_point), C(subdir) (the export must be mounted)."
+      - "C(rsync): C(src) (C(host:/path/), C(rsync://host/module/path/) or a local path), C(options)."
+      - All types take C(include) and C(exclude) lists of shell patterns of relative paths.
+    type: dict
+    required: true
+  token:
+    description: Bearer token for the Hub or the mirror. Never logged; sent only to the source's own host.
+    type: str
+  plan_only:
+    description:
+      - Only list and compare; write nothing. The result says what would be fetched and the disk it needs.
+    type: bool
+    default: false
+  only:
+    description: Fetch only these relative paths (from a plan's C(to_fetch)) and do not record completion.
+    type: list
+    elements: str
+  listing:
+    description: The C(listing) returned by a plan, so the source is not listed again.
+    type: dict
+  refresh:
+    description: List the source again even when the directory is recorded complete.
+    type: bool
+    default: false
+  verify_checksums:
+    description: Verify sha256 / git blob ids published by the source (one extra read of each new file).
+    type: bool
+    default: true
+  reserve_bytes:
+    description: Bytes that must stay free on the file system after the transfer.
+    type: int
+    default: 0
+  retries:
+    description: Times an interrupted transfer is resumed within one run before the module gives up.
+    type: int
+    default: 3
+  retry_delay:
+    description: Seconds before the first retry; doubles with each retry.
+    type: float
+    default: 2.0
+  timeout:
+    description: Network timeout in seconds for one read.
+    type: int
+    default: 60
+  batch_bytes:
+    description:
+      - How the plan groups missing files into C(batches), one task item each (for progress lines).
+        Small files go together up to this many bytes; every larger file is alone.
+    type: int
+    default: 268435456
+notes:
+  - Supports check mode (then it only plans). Standard library only.
+author: Blackwell serving maintainers
+"""
+
+EXAMPLES = r"""
+- name: Fetch Kimi-K2.5 from the Hub
+  model_fetch:
+    dest: /srv/models/moonshotai/Kimi-K2.5
+    source: {type: hf, repo: moonshotai/Kimi-K2.5, revision: main}
+    token: "{{ model_store_hf_token }}"
+    reserve_bytes: 10737418240
+  no_log: false
+
+- name: Plan only (what is missing, how much disk it needs)
+  model_fetch:
+    dest: /srv/models/Qwen/Qwen3-0.6B
+    source: {type: http, url: "https://mirror.example.internal/models/Qwen3-0.6B/"}
+    plan_only: true
+  register: plan
+"""
+
+RETURN = r"""
+complete:
+  description: True when every listed file is present, verified and the copy is recorded complete.
+  type: bool
+  returned: always
+revision:
+  description: The source's revision (a commit on the Hub), when it has one.
+  type: str
+  returned: always
+batches:
+  description: The missing files grouped for one transfer call each, with paths and a label.
+  type: list
+  elements: dict
+  returned: always
+to_fetch:
+  description: Files still missing, each with path, size, sha256 (when published) and part_bytes already kept.
+  type: list
+  elements: dict
+  returned: always
+in_place:
+  description: True when the source is the model directory itself (served in place; checked, never written).
+  type: bool
+  returned: when true
+fetched:
+  description: Files transferred by this run.
+  type: list
+  elements: str
+  returned: always
+needed_bytes:
+  description: Bytes still to transfer (sizes of the missing files less their partial downloads).
+  type: int
+  returned: always
+free_bytes:
+  description: Free bytes on the file system of dest (or its nearest existing parent).
+  type: int
+  returned: always
+fs_id:
+  description: Device id of that file system, to add up needs of several directories on one disk.
+  type: str
+  returned: always
+bytes_total:
+  description: Size of the whole model.
+  type: int
+  returned: always
+listing:
+  description: The source's listing (revision and files), to pass back as O(listing).
+  type: dict
+  returned: always
+msg:
+  description: What happened, or on failure what is wrong and what to do.
+  type: str
+  returned: always
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_model import ModelStoreError, check_model_dir, human_bytes, statvfs_free
+from ansible.module_utils.bws_model_transfer import ModelStore, make_source
+
+
+def summary(plan: dict, fetched: list[str]) -> str:
+    if fetched:
+        return f"fetched {len(fetched)} files into {plan['dest']}"
+    if plan["to_fetch"]:
+        return (
+            f"{plan['dest']}: {len(plan['to_fetch'])} of {plan['files_total']} files to fetch, "
+            f"{human_bytes(plan['needed_bytes'])} needed, {human_bytes(plan['free_bytes'])} free"
+        )
+    return f"{plan['dest']}: {plan['files_total']} files, {human_bytes(plan['bytes_total'])}"
+
+
+def source_not_mounted(source: dict) -> bool:
+    return source.get("type") == "nfs" and not os.path.ismount(str(source.get("mount_point")))
+
+
+def would_mount(dest: str, source: dict) -> dict:
+    """Check mode cannot list an NFS export that the role has not mounted (it mounts only for real)."""
+    free, measured_on = statvfs_free(dest)
+    return {
+        "dest": dest,
+        "revision": None,
+        "listing": {"revision": None, "files": []},
+        "files_total": 0,
+        "bytes_total": 0,
+        "to_fetch": [],
+        "conflicts": [],
+        "unverified": [],
+        "batches": [],
+        "needed_bytes": 0,
+        "free_bytes": free,
+        "fs_path": measured_on,
+        "fs_id": str(os.stat(measured_on).st_dev),
+        "complete": False,
+        "fetched": [],
+        "changed": True,
+        "msg": f"would mount {source.get('export')} on {source.get('mount_point')} and fetch {dest} from it",
+    }
+
+
+def in_place(dest: str) -> dict:
+    """The source is the model directory itself (a local or NFS path served as is): only check it."""
+    check = check_model_dir(dest)
+    if not check["complete"]:
+        raise ModelStoreError(check["msg"])
+    free, measured_on = statvfs_free(dest)
+    return {
+        "dest": dest,
+        "revision": None,
+        "listing": {"revision": None, "files": []},
+        "files_total": check["files_checked"],
+        "bytes_total": check["total_bytes"],
+        "to_fetch": [],
+        "conflicts": [],
+        "unverified": [],
+        "batches": [],
+        "needed_bytes": 0,
+        "free_bytes": free,
+        "fs_path": measured_on,
+        "fs_id": str(os.stat(measured_on).st_dev),
+        "complete": True,
+        "in_place": True,
+        "fetched": [],
+        "changed": False,
+        "msg": f"{dest} is its own source (served in place): {check['msg']}",
+    }
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    store = ModelStore(
+        params["dest"],
+        make_source(params["source"], params["token"], params["timeout"]),
+        reserve_bytes=params["reserve_bytes"],
+        retries=params["retries"],
+        retry_delay=params["retry_delay"],
+        verify_checksums=params["verify_checksums"],
+    )
+    if module.check_mode and source_not_mounted(params["source"]):
+        return would_mount(store.dest, params["source"])
+    if store.same_directory_as_source():
+        return in_place(store.dest)
+    plan = store.plan(listing=params["listing"], refresh=params["refresh"], batch_bytes=params["batch_bytes"])
+    fetched: list[str] = []
+    changed = bool(plan["to_fetch"] or plan["unverified"] or not plan["complete"])
+    if module.check_mode or params["plan_only"]:
+        if plan["conflicts"]:
+            raise ModelStoreError(store.conflict_message(store.dest, plan["conflicts"]))
+        changed = changed and module.check_mode
+        return {**plan, "fetched": fetched, "changed": changed, "msg": summary(plan, [])}
+    if params["only"] is not None:
+        fetched = store.fetch(plan, only=params["only"])
+        return {**plan, "fetched": fetched, "changed": bool(fetched), "msg": summary(plan, fetched)}
+    if plan["complete"]:
+        return {**plan, "fetched": fetched, "changed": False, "msg": summary(plan, [])}
+    fetched = store.fetch(plan)
+    final = store.plan(listing=plan["listing"])
+    changed = store.finalize(final) or bool(fetched)
+    final["complete"] = True
+    return {**final, "fetched": fetched, "changed": changed, "msg": summary(final, fetched)}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "dest": {"type": "path", "required": True},
+            "source": {"type": "dict", "required": True},
+            "token": {"type": "str", "no_log": True},
+            "plan_only": {"type": "bool", "default": False},
+            "only": {"type": "list", "elements": "str"},
+            "listing": {"type": "dict"},
+            "refresh": {"type": "bool", "default": False},
+            "verify_checksums": {"type": "bool", "default": True},
+            "reserve_bytes": {"type": "int", "default": 0},
+            "retries": {"type": "int", "default": 3},
+            "retry_delay": {"type": "float", "default": 2.0},
+            "timeout": {"type": "int", "default": 60},
+            "batch_bytes": {"type": "int", "default": 268435456},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        result = run(module)
+    except ModelStoreError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
