@@ -90,7 +90,7 @@ UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", 
 
 def probe(url: str, timeout: float) -> str:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - operator-given URL
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return str(response.status)
     except urllib.error.HTTPError as error:
         return str(error.code)
@@ -103,9 +103,10 @@ def unit_died(state: dict[str, str], restarts_at_start: int) -> str | None:
     """Describe why the unit can no longer become ready, or None while it still can."""
     if not state:
         return None
-    if state.get("ActiveState") in ("failed", "inactive"):
-        return (f"unit is {state.get('ActiveState')} (result {state.get('Result')}, "
+    if state.get("ActiveState") in ("failed", "inactive", "deactivating") or state.get("SubState") == "auto-restart":
+        return (f"unit is {state.get('ActiveState')}/{state.get('SubState')} (result {state.get('Result')}, "
                 f"exit status {state.get('ExecMainStatus')})")
+    # NRestarts only grows once RestartSec= has passed; auto-restart above catches the crash at once.
     restarts = int(state.get("NRestarts") or 0)
     if restarts > restarts_at_start:
         return f"unit crashed and was restarted {restarts - restarts_at_start} time(s) while starting"

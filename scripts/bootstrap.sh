@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export DEBIAN_FRONTEND=noninteractive
 
 ANSIBLE_BUNDLE_VERSION=14.5.0   # the bundle that ships the collection versions pinned in requirements.yml
-APT_PACKAGES=(podman runc netavark aardvark-dns iptables mmdebstrap curl)
+APT_PACKAGES=(podman runc netavark aardvark-dns iptables mmdebstrap curl rsync)
 
 install_host_packages() {
   local missing=() pkg

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's one test command (README, .ci/run). Installs what it needs, then runs, failing on
 # the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
-# module, pytest (unit + integration), the engine contracts, and Molecule on systemd test hosts.
+# module, pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
+# engine lifecycle scenarios (faults, rollback, secrets) on one shared booted systemd host.
 # Prints wall time per stage and ends with a pytest-style "N passed, N failed" line.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -66,9 +67,10 @@ run_stage ansible-lint ansible-lint --strict -q
 run_stage ruff ruff check .
 run_stage syntax-check syntax_check
 run_stage ansible-doc module_docs
-run_stage pytest pytest_stage pytest tests/unit tests/integration
+run_stage pytest pytest_stage pytest -m "not container" tests/unit tests/integration
 if [ -d tests/contract ]; then
   run_stage contracts pytest_stage contracts tests/contract
 fi
 run_stage molecule run_molecule
+run_stage host-scenarios pytest_stage host-scenarios -m container tests/integration
 summary 0

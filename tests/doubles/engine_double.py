@@ -222,10 +222,8 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate", "/ready", "/ping"):
             if engine.fault == "hang":
                 time.sleep(3600)
-            if not engine.ready:
-                self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "starting"})
-            else:
-                self._send(HTTPStatus.OK, "" if engine.flavour == "vllm" else {"status": "ok"})
+            # Both engines answer /health with an empty body: 503 while starting, 200 when ready.
+            self._send(HTTPStatus.OK if engine.ready else HTTPStatus.SERVICE_UNAVAILABLE, "")
             return
         if path == "/metrics":
             self._send(HTTPStatus.OK, engine.metrics_text(), "text/plain; version=0.0.4")

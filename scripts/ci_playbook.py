@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Run one of this repository's playbooks through ansible-runner, the way CI should.
+
+    python scripts/ci_playbook.py playbooks/deploy_sglang.yml -i inventory/production \
+        --artifacts out/ --extra-vars-file secrets.yml --redact-env SGLANG_API_KEY
+
+- A throw-away private data dir; project_dir is this repository; artifacts are kept under --artifacts.
+- Progress streams to stdout (one line per task result), the playbook's own output goes to the artifacts.
+- Writes <artifacts>/summary.json (per host: ok/changed/failed/rescued/skipped/unreachable, elapsed,
+  verify report path) and <artifacts>/junit.xml (one test case per host).
+- Secrets stay out of the artifacts: pass them in a vars file (-e @file, never copied), and name the
+  environment variables that hold secrets with --redact-env; their values are scrubbed from every
+  artifact file as a second line of defence. Extra vars given inline are recorded by ansible-runner.
+- Exit status: 0 when every host succeeded, 1 otherwise, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STAT_KEYS = ("ok", "changed", "failures", "rescued", "skipped", "dark", "ignored")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("playbook", help="playbook path relative to the repository, e.g. playbooks/verify.yml")
+    parser.add_argument("-i", "--inventory", default="inventory/production", help="inventory path")
+    parser.add_argument("--artifacts", default="artifacts/ci", help="directory that keeps the run's artifacts")
+    parser.add_argument("--limit", help="host pattern, as ansible-playbook --limit")
+    parser.add_argument("--check", action="store_true", help="run in check mode with --diff")
+    parser.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=JSON",
+                        help="extra variable (value parsed as JSON when it parses); not for secrets")
+    parser.add_argument("--extra-vars-file", action="append", default=[], help="vars file passed as -e @file")
+    parser.add_argument("--redact-env", action="append", default=[], metavar="NAME",
+                        help="environment variable whose value is scrubbed from the artifacts")
+    parser.add_argument("--ident", default=None, help="artifact sub-directory name (default: timestamp)")
+    return parser.parse_args(argv)
+
+
+def extravars_from(pairs: list[str]) -> dict:
+    extravars = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--extra-var needs KEY=VALUE, got {pair!r}")
+        try:
+            extravars[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            extravars[key] = raw
+    return extravars
+
+
+def print_progress(event: dict) -> bool:
+    data = event.get("event_data", {})
+    kind = event.get("event", "")
+    if kind.startswith("runner_on_") and kind not in ("runner_on_start",):
+        status = kind.removeprefix("runner_on_").upper()
+        changed = " (changed)" if data.get("res", {}).get("changed") else ""
+        print(f"[{status:>11}] {data.get('host', '?')}: {data.get('task', '')}{changed}", flush=True)
+    elif kind == "playbook_on_play_start":
+        print(f"=== play: {data.get('play', '')}", flush=True)
+    return True
+
+
+def host_summaries(runner, started: float) -> dict[str, dict]:
+    stats = runner.stats or {}
+    hosts = sorted({host for key in STAT_KEYS for host in (stats.get(key) or {})})
+    summary = {}
+    for host in hosts:
+        counts = {key: int((stats.get(key) or {}).get(host, 0)) for key in STAT_KEYS}
+        counts["failed"] = counts.pop("failures")
+        counts["unreachable"] = counts.pop("dark")
+        summary[host] = {**counts, "status": "failed" if counts["failed"] or counts["unreachable"] else "ok",
+                         "elapsed_s": None, "verify_report": None, "failed_tasks": []}
+    first_last: dict[str, list[float]] = {}
+    for event in runner.events:
+        data = event.get("event_data", {})
+        host = data.get("host")
+        if host not in summary:
+            continue
+        for stamp in (data.get("start"), data.get("end")):
+            if stamp:
+                moment = datetime.fromisoformat(stamp).timestamp()
+                span = first_last.setdefault(host, [moment, moment])
+                span[0], span[1] = min(span[0], moment), max(span[1], moment)
+        result = data.get("res") or {}
+        if isinstance(result, dict) and result.get("verify_report_dir"):
+            summary[host]["verify_report"] = result["verify_report_dir"]
+        facts = result.get("ansible_facts", {}) if isinstance(result, dict) else {}
+        if facts.get("verify_report_dir"):
+            summary[host]["verify_report"] = facts["verify_report_dir"]
+        if event.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
+            summary[host]["failed_tasks"].append({"task": data.get("task"), "msg": str(result.get("msg", ""))[:2000]})
+    for host, (first, last) in first_last.items():
+        summary[host]["elapsed_s"] = round(last - first, 1)
+    if not summary:
+        summary["(no hosts)"] = {"status": "failed" if runner.rc else "ok",
+                                 "elapsed_s": round(time.time() - started, 1)}
+    return summary
+
+
+def write_junit(path: Path, playbook: str, summary: dict[str, dict]) -> None:
+    failures = sum(1 for s in summary.values() if s["status"] != "ok")
+    suite = ET.Element("testsuite", name=playbook, tests=str(len(summary)), failures=str(failures))
+    for host, result in summary.items():
+        case = ET.SubElement(suite, "testcase", classname=playbook, name=host,
+                             time=str(result.get("elapsed_s") or 0))
+        if result["status"] != "ok":
+            tasks = result.get("failed_tasks") or [{"task": "unreachable or failed", "msg": ""}]
+            failure = ET.SubElement(case, "failure", message=str(tasks[-1]["task"]))
+            failure.text = "\n\n".join(f"{t['task']}: {t['msg']}" for t in tasks)
+    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+
+
+def redact(directory: Path, secrets: list[str]) -> int:
+    scrubbed = 0
+    for path in directory.rglob("*"):
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="surrogateescape")
+        clean = text
+        for secret in secrets:
+            clean = clean.replace(secret, "********")
+        if clean != text:
+            path.write_text(clean, errors="surrogateescape")
+            scrubbed += 1
+    return scrubbed
+
+
+def main(argv: list[str]) -> int:
+    import ansible_runner  # the controller venv has it; imported late so --help works anywhere
+
+    args = parse_args(argv)
+    if not (REPO / args.playbook).is_file():
+        print(f"no such playbook: {args.playbook}", file=sys.stderr)
+        return 2
+    artifacts = Path(args.artifacts).resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    ident = args.ident or datetime.now().strftime("%Y%m%dT%H%M%S")
+    cmdline = [*(f"-e @{Path(f).resolve()}" for f in args.extra_vars_file)]
+    if args.check:
+        cmdline.append("--check --diff")
+    secrets = [os.environ[name] for name in args.redact_env if os.environ.get(name)]
+    private = Path(tempfile.mkdtemp(prefix="ci-playbook-"))
+    started = time.time()
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private), project_dir=str(REPO), playbook=args.playbook,
+            inventory=str((REPO / args.inventory).resolve()), limit=args.limit,
+            extravars=extravars_from(args.extra_var), cmdline=" ".join(cmdline) or None,
+            artifact_dir=str(artifacts), ident=ident, suppress_env_files=True, quiet=True,
+            # ansible-playbook must be on PATH: take the one beside this interpreter first.
+            envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])},
+            event_handler=print_progress,
+        )
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    run_dir = artifacts / ident
+    summary = {"playbook": args.playbook, "status": runner.status, "rc": runner.rc,
+               "artifacts": str(run_dir), "hosts": host_summaries(runner, started)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_junit(run_dir / "junit.xml", args.playbook, summary["hosts"])
+    if secrets:
+        print(f"redacted secrets in {redact(run_dir, secrets)} artifact file(s)")
+    for host, result in summary["hosts"].items():
+        print(f"{host}: {result['status']} " + " ".join(f"{k}={result.get(k)}" for k in
+              ("ok", "changed", "failed", "rescued", "unreachable", "elapsed_s", "verify_report")))
+    print(f"summary: {run_dir / 'summary.json'}  junit: {run_dir / 'junit.xml'}")
+    return 0 if runner.status == "successful" and runner.rc == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""A booted systemd test host (podman) shared by the engine lifecycle tests, and playbook runs on it.
+
+The host is the same image the sandbox uses; the engine programs on it are the ENGINE TEST DOUBLE.
+Playbooks run through ansible-runner, the way CI drives them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ansible_runner
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("BWS_SANDBOX_IMAGE", "localhost/bws-debian-systemd:bookworm")
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, check=check)
+
+
+def podman_available() -> bool:
+    return shutil.which("podman") is not None and podman("image", "exists", IMAGE, check=False).returncode == 0
+
+
+@dataclass
+class PlaybookRun:
+    status: str
+    rc: int
+    stats: dict
+    stdout: str
+    artifact_dir: Path
+
+    def count(self, key: str, host: str) -> int:
+        return int((self.stats or {}).get(key, {}).get(host, 0))
+
+
+class EngineHost:
+    """One systemd container plus an inventory directory that extends the sandbox inventory."""
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.inventory = workdir / "inventory"
+
+    def boot(self) -> None:
+        podman(
+            "run",
+            "-d",
+            "--replace",
+            "--name",
+            self.name,
+            "--hostname",
+            self.name,
+            "--systemd=always",
+            "--cap-add=SYS_ADMIN",
+            "--label",
+            "owner=bws-test",
+            IMAGE,
+            "/sbin/init",
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = podman("exec", self.name, "systemctl", "is-system-running", "--wait", check=False)
+            if state.stdout.strip() in ("running", "degraded"):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not boot")
+
+    def destroy(self) -> None:
+        podman("rm", "-f", "--ignore", "-t", "0", self.name, check=False)
+
+    def write_inventory(self, extra_vars: dict) -> None:
+        group_vars = self.inventory / "group_vars" / "all"
+        group_vars.mkdir(parents=True, exist_ok=True)
+        for source in (REPO / "inventory" / "sandbox" / "group_vars" / "all").glob("*.yml"):
+            shutil.copy(source, group_vars / source.name)
+        (group_vars / "zz_test.yml").write_text(yaml.safe_dump(extra_vars))
+        hosts = {
+            "all": {
+                "children": {"gpu_servers": {"hosts": {self.name: {"ansible_connection": "containers.podman.podman"}}}}
+            }
+        }
+        (self.inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+
+    def run_playbook(self, playbook: str, extravars: dict | None = None, check: bool = False) -> PlaybookRun:
+        private = Path(tempfile.mkdtemp(prefix="runner-", dir=self.workdir))
+        cmdline = "--check --diff" if check else None
+        result = ansible_runner.run(
+            private_data_dir=str(private),
+            project_dir=str(REPO),
+            playbook=playbook,
+            inventory=str(self.inventory),
+            extravars=extravars or {},
+            cmdline=cmdline,
+            envvars={
+                "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                "PATH": os.environ["PATH"],
+                "ANSIBLE_COLLECTIONS_PATH": os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""),
+                "ANSIBLE_NOCOLOR": "1",
+            },
+            suppress_env_files=True,
+            quiet=True,
+        )
+        stdout = result.stdout.read() if result.stdout else ""
+        return PlaybookRun(result.status, result.rc, result.stats or {}, stdout, Path(result.config.artifact_dir))
+
+    def sh(self, command: str, check: bool = True) -> str:
+        return podman("exec", self.name, "sh", "-c", command, check=check).stdout.strip()
+
+    def unit(self, unit: str) -> dict[str, str]:
+        out = self.sh(f"systemctl show {unit} -p ActiveState -p UnitFileState -p MainPID -p SubState")
+        return dict(line.split("=", 1) for line in out.splitlines())
+
+    def health(self, port: int = 30000) -> int | None:
+        code = self.sh(
+            'python3 -c "import urllib.request as u; '
+            f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=5).status)\"",
+            check=False,
+        )
+        return int(code) if code.isdigit() else None
+
+    def state(self) -> dict:
+        return json.loads(self.sh("cat /var/lib/llm-serving/state.json"))

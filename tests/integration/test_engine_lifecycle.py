@@ -1,0 +1,214 @@
+"""Engine lifecycle on one booted systemd host: check mode, deploys, engine switches, idempotence,
+fault cases with rollback, secrets, teardown. The engine is the ENGINE TEST DOUBLE.
+
+The tests share the host and run in file order; each states the host it leaves behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.engine_host import REPO, EngineHost, podman_available
+
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.skipif(not podman_available(), reason="needs podman and the test-host image (scripts/build-image.sh)"),
+]
+
+API_KEY = "k3y-%s3cr3t$HOME-\"q'"  # quotes, % and $ must survive every layer unexpanded
+SANDBOX_PROFILES = yaml.safe_load((REPO / "inventory/sandbox/group_vars/all/models.yml").read_text())
+
+
+def build_profiles() -> dict:
+    profiles = copy.deepcopy(SANDBOX_PROFILES["engine_profiles"])
+    missing = copy.deepcopy(profiles["sandbox-tiny-eagle3"])
+    missing["model"]["path"] = "/srv/models/sandbox/not-downloaded"
+    stranger_port = copy.deepcopy(profiles["sandbox-tiny"])
+    stranger_port["port"] = 31000
+    profiles.update({"sandbox-missing-model": missing, "sandbox-port-31000": stranger_port})
+    return profiles
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    engine_host = EngineHost("bws-it-engine", tmp_path_factory.mktemp("engine-host"))
+    engine_host.write_inventory(
+        {"engine_profiles": build_profiles(), "sglang_api_key": API_KEY, "vllm_api_key": API_KEY}
+    )
+    engine_host.boot()
+    prepared = engine_host.run_playbook("tests/sandbox/prepare_host.yml")
+    assert prepared.status == "successful", prepared.stdout[-2000:]
+    yield engine_host
+    engine_host.destroy()
+
+
+@pytest.fixture(scope="module")
+def runs() -> list:
+    return []
+
+
+def deploy(host: EngineHost, runs: list, playbook: str, **extravars):
+    run = host.run_playbook(f"playbooks/{playbook}", extravars=extravars)
+    runs.append(run)
+    return run
+
+
+def main_pid(host: EngineHost, unit: str = "sglang.service") -> str:
+    return host.unit(unit)["MainPID"]
+
+
+def test_check_diff_on_a_fresh_host_shows_the_unit_and_skips_start_and_wait(host, runs):
+    run = host.run_playbook("playbooks/deploy_sglang.yml", check=True)
+    runs.append(run)
+    assert run.rc == 0, run.stdout[-3000:]
+    assert "ExecStart=/opt/sglang/venv/bin/sglang serve --config /var/lib/llm-serving/releases/sglang-" in run.stdout
+    for task in (
+        "Activate | stop what serves now and start the release",
+        "Activate | wait for readiness and run the post-start gate",
+    ):
+        header = f"TASK [engine_service : {task}]"
+        assert header in run.stdout
+        assert run.stdout.split(header, 1)[1].split("TASK [", 1)[0].count("skipping: [bws-it-engine]") == 1
+    assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
+
+
+def test_deploy_sglang_serves(host, runs):
+    run = deploy(host, runs, "deploy_sglang.yml")
+    assert run.status == "successful", run.stdout[-3000:]
+    assert host.unit("sglang.service")["ActiveState"] == "active"
+    assert host.unit("sglang.service")["UnitFileState"] == "enabled"
+    assert host.health() == 200
+    assert "ENGINE TEST DOUBLE" in run.stdout
+
+
+def test_second_deploy_changes_nothing(host, runs):
+    pid = main_pid(host)
+    run = deploy(host, runs, "deploy_sglang.yml")
+    assert run.status == "successful", run.stdout[-3000:]
+    assert run.count("changed", host.name) == 0, run.stdout[-3000:]
+    assert main_pid(host) == pid
+
+
+def test_deploy_vllm_replaces_sglang(host, runs):
+    run = deploy(host, runs, "deploy_vllm.yml")
+    assert run.status == "successful", run.stdout[-3000:]
+    assert host.unit("vllm.service")["ActiveState"] == "active"
+    assert host.unit("vllm.service")["UnitFileState"] == "enabled"
+    assert host.unit("sglang.service")["ActiveState"] == "inactive"
+    assert host.unit("sglang.service")["UnitFileState"] == "disabled"
+    assert host.health() == 200
+
+
+def test_deploy_sglang_again_leaves_exactly_one_engine(host, runs):
+    run = deploy(host, runs, "deploy_sglang.yml")
+    assert run.status == "successful", run.stdout[-3000:]
+    assert host.unit("sglang.service")["ActiveState"] == "active"
+    assert host.unit("vllm.service")["ActiveState"] == "inactive"
+    assert host.unit("vllm.service")["UnitFileState"] == "disabled"
+    state = host.state()
+    assert state["current"].startswith("sglang-") and state["previous"].startswith("vllm-")
+
+
+def test_missing_model_fails_preflight_and_leaves_the_engine_untouched(host, runs):
+    pid = main_pid(host)
+    run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-missing-model")
+    assert run.status == "failed"
+    assert "/srv/models/sandbox/not-downloaded" in run.stdout
+    assert "Activate |" not in run.stdout
+    assert main_pid(host) == pid and host.health() == 200
+
+
+def test_port_taken_by_a_stranger_is_named_and_the_stranger_lives(host, runs):
+    stranger = subprocess.Popen(
+        ["podman", "exec", host.name, "python3", "-m", "http.server", "31000", "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        host.sh("for i in $(seq 50); do ss -ltn | grep -q :31000 && exit 0; sleep 0.1; done; exit 1")
+        pid = main_pid(host)
+        run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-port-31000")
+        assert run.status == "failed"
+        assert "port 31000 is taken by a process this deploy does not own" in run.stdout
+        assert "http.server" in run.stdout
+        assert host.sh("ss -ltn | grep -c :31000") == "1"
+        assert main_pid(host) == pid and host.health() == 200
+    finally:
+        stranger.terminate()
+        host.sh("pkill -f 'http.server 31000' || true", check=False)
+
+
+def test_missing_engine_binary_is_caught_before_the_switch(host, runs):
+    pid = main_pid(host)
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_executable="/opt/sglang/venv/bin/sglang-missing")
+    assert run.status == "failed"
+    assert "sglang-missing" in run.stdout and "is not executable" in run.stdout
+    assert main_pid(host) == pid and host.health() == 200
+
+
+def test_crash_at_start_rolls_back_and_the_previous_release_serves(host, runs):
+    before = host.state()["current"]
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
+    assert run.status == "failed"
+    assert "auto-restart" in run.stdout or "unit is failed" in run.stdout, run.stdout[-3000:]
+    assert f"Rolled back: {before} is serving again" in run.stdout.replace("\n", " ").replace("  ", " ")
+    assert host.state()["current"] == before
+    assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
+
+
+def test_hang_ends_at_the_readiness_timeout_with_the_journal_and_rolls_back(host, runs):
+    before = host.state()["current"]
+    run = deploy(
+        host,
+        runs,
+        "deploy_sglang.yml",
+        sglang_ready_timeout_s=4,
+        sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "hang"},
+    )
+    assert run.status == "failed"
+    flat = run.stdout.replace("\n", " ")
+    assert "not ready after 4 s" in flat
+    assert "fault=hang" in flat  # the journal tail of the hung release
+    assert host.state()["current"] == before and host.health() == 200
+
+
+def test_failed_vllm_deploy_rolls_back_to_the_sglang_release(host, runs):
+    before = host.state()["current"]
+    run = deploy(host, runs, "deploy_vllm.yml", vllm_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
+    assert run.status == "failed"
+    assert host.unit("vllm.service")["UnitFileState"] == "disabled"
+    assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
+    assert host.state()["current"] == before
+
+
+def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact(host, runs):
+    assert API_KEY not in host.sh("ps -eo args")
+    assert API_KEY not in host.sh("cat /etc/systemd/system/*.service")
+    assert API_KEY not in host.sh("journalctl --no-pager -o cat")
+    for run in runs:
+        for artifact in Path(run.artifact_dir).rglob("*"):
+            if artifact.is_file():
+                assert API_KEY not in artifact.read_text(errors="replace"), artifact
+    config = host.sh("ls /var/lib/llm-serving/releases/sglang-*/config.yaml | head -1")
+    assert host.sh(f"stat -c '%U:%G %a' {config}") == "root:sglang 640"
+    unauthenticated = host.sh(
+        "python3 -c \"import urllib.request as u, urllib.error as e\ntry: u.urlopen('http://127.0.0.1:30000/v1/models')"
+        '\nexcept e.HTTPError as x: print(x.code)"'
+    )
+    assert unauthenticated == "401"
+
+
+def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, runs):
+    run = host.run_playbook("playbooks/teardown.yml")
+    assert run.status == "successful", run.stdout[-3000:]
+    for unit in ("sglang.service", "vllm.service"):
+        assert host.unit(unit)["ActiveState"] == "inactive"
+        assert host.unit(unit)["UnitFileState"] == "disabled"
+    again = host.run_playbook("playbooks/teardown.yml")
+    assert again.status == "successful"
+    assert again.count("changed", host.name) == 0, again.stdout[-3000:]
