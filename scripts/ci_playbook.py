@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,7 +73,7 @@ def print_progress(event: dict) -> bool:
     return True
 
 
-def host_summaries(runner, started: float) -> dict[str, dict]:
+def host_summaries(runner) -> dict[str, dict]:
     stats = runner.stats or {}
     hosts = sorted({host for key in STAT_KEYS for host in (stats.get(key) or {})})
     summary = {}
@@ -103,19 +104,36 @@ def host_summaries(runner, started: float) -> dict[str, dict]:
             summary[host]["failed_tasks"].append({"task": data.get("task"), "msg": str(result.get("msg", ""))[:2000]})
     for host, (first, last) in first_last.items():
         summary[host]["elapsed_s"] = round(last - first, 1)
-    if not summary:
-        summary["(no hosts)"] = {"status": "failed" if runner.rc else "ok",
-                                 "elapsed_s": round(time.time() - started, 1)}
     return summary
 
 
+def inventory_hosts(inventory: Path, limit: str | None) -> list[str]:
+    """Every host the run could have reached, so hosts a stopped rollout never touched are reported too."""
+    command = ["ansible-inventory", "-i", str(inventory), "--list"] + (["--limit", limit] if limit else [])
+    listed = subprocess.run(command, capture_output=True, text=True, check=False,
+                            env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+    if listed.returncode != 0:
+        return []
+    return sorted(json.loads(listed.stdout).get("_meta", {}).get("hostvars", {}))
+
+
+def add_unreached(summary: dict[str, dict], hosts: list[str]) -> None:
+    for host in hosts:
+        summary.setdefault(host, {"status": "not reached", "elapsed_s": None, "verify_report": None,
+                                  "failed_tasks": [], "note": "the run stopped before this host was touched"})
+
+
 def write_junit(path: Path, playbook: str, summary: dict[str, dict]) -> None:
-    failures = sum(1 for s in summary.values() if s["status"] != "ok")
-    suite = ET.Element("testsuite", name=playbook, tests=str(len(summary)), failures=str(failures))
+    failures = sum(1 for s in summary.values() if s["status"] == "failed")
+    skipped = sum(1 for s in summary.values() if s["status"] == "not reached")
+    suite = ET.Element("testsuite", name=playbook, tests=str(len(summary)), failures=str(failures),
+                       skipped=str(skipped))
     for host, result in summary.items():
         case = ET.SubElement(suite, "testcase", classname=playbook, name=host,
                              time=str(result.get("elapsed_s") or 0))
-        if result["status"] != "ok":
+        if result["status"] == "not reached":
+            ET.SubElement(case, "skipped", message=result.get("note", "not reached"))
+        elif result["status"] != "ok":
             tasks = result.get("failed_tasks") or [{"task": "unreachable or failed", "msg": ""}]
             failure = ET.SubElement(case, "failure", message=str(tasks[-1]["task"]))
             failure.text = "\n\n".join(f"{t['task']}: {t['msg']}" for t in tasks)
@@ -167,8 +185,10 @@ def main(argv: list[str]) -> int:
     finally:
         shutil.rmtree(private, ignore_errors=True)
     run_dir = artifacts / ident
+    hosts = host_summaries(runner)
+    add_unreached(hosts, inventory_hosts((REPO / args.inventory).resolve(), args.limit))
     summary = {"playbook": args.playbook, "status": runner.status, "rc": runner.rc,
-               "artifacts": str(run_dir), "hosts": host_summaries(runner, started)}
+               "elapsed_s": round(time.time() - started, 1), "artifacts": str(run_dir), "hosts": hosts}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_junit(run_dir / "junit.xml", args.playbook, summary["hosts"])
     if secrets:

@@ -43,71 +43,62 @@ class PlaybookRun:
 
 
 class EngineHost:
-    """One systemd container plus an inventory directory that extends the sandbox inventory."""
+    """A systemd container (or several) plus an inventory directory that extends the sandbox inventory."""
 
-    def __init__(self, name: str, workdir: Path) -> None:
+    def __init__(self, name: str, workdir: Path, fleet: list[str] | None = None,
+                 groups: dict[str, list[str]] | None = None) -> None:
         self.name = name
+        self.fleet = fleet or [name]
+        self.groups = groups or {}
         self.workdir = workdir
         self.inventory = workdir / "inventory"
 
+    def on(self, name: str) -> EngineHost:
+        """The same inventory, looking at another container of the fleet."""
+        other = EngineHost(name, self.workdir, self.fleet, self.groups)
+        return other
+
     def boot(self) -> None:
-        podman(
-            "run",
-            "-d",
-            "--replace",
-            "--name",
-            self.name,
-            "--hostname",
-            self.name,
-            "--systemd=always",
-            "--cap-add=SYS_ADMIN",
-            "--label",
-            "owner=bws-test",
-            IMAGE,
-            "/sbin/init",
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            state = podman("exec", self.name, "systemctl", "is-system-running", "--wait", check=False)
+        for name in self.fleet:
+            podman("run", "-d", "--replace", "--name", name, "--hostname", name, "--systemd=always",
+                   "--cap-add=SYS_ADMIN", "--label", "owner=bws-test", IMAGE, "/sbin/init")
+        deadline = time.monotonic() + 90
+        waiting = list(self.fleet)
+        while waiting and time.monotonic() < deadline:
+            state = podman("exec", waiting[0], "systemctl", "is-system-running", "--wait", check=False)
             if state.stdout.strip() in ("running", "degraded"):
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} did not boot")
+                waiting.pop(0)
+            else:
+                time.sleep(0.5)
+        if waiting:
+            raise RuntimeError(f"{waiting} did not boot")
 
     def destroy(self) -> None:
-        podman("rm", "-f", "--ignore", "-t", "0", self.name, check=False)
+        podman("rm", "-f", "--ignore", "-t", "0", *self.fleet, check=False)
 
-    def write_inventory(self, extra_vars: dict) -> None:
+    def write_inventory(self, extra_vars: dict, host_vars: dict[str, dict] | None = None) -> None:
         group_vars = self.inventory / "group_vars" / "all"
         group_vars.mkdir(parents=True, exist_ok=True)
         for source in (REPO / "inventory" / "sandbox" / "group_vars" / "all").glob("*.yml"):
             shutil.copy(source, group_vars / source.name)
         (group_vars / "zz_test.yml").write_text(yaml.safe_dump(extra_vars))
-        hosts = {
-            "all": {
-                "children": {"gpu_servers": {"hosts": {self.name: {"ansible_connection": "containers.podman.podman"}}}}
-            }
-        }
-        (self.inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+        children = {"gpu_servers": {"hosts": {
+            name: {"ansible_connection": "containers.podman.podman", **(host_vars or {}).get(name, {})}
+            for name in self.fleet}}}
+        children.update({group: {"hosts": {name: {} for name in members}} for group, members in self.groups.items()})
+        (self.inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": children}}))
 
-    def run_playbook(self, playbook: str, extravars: dict | None = None, check: bool = False) -> PlaybookRun:
+    def run_playbook(self, playbook: str, extravars: dict | None = None, check: bool = False,
+                     limit: str | None = None) -> PlaybookRun:
         private = Path(tempfile.mkdtemp(prefix="runner-", dir=self.workdir))
-        cmdline = "--check --diff" if check else None
         result = ansible_runner.run(
-            private_data_dir=str(private),
-            project_dir=str(REPO),
-            playbook=playbook,
-            inventory=str(self.inventory),
-            extravars=extravars or {},
-            cmdline=cmdline,
-            envvars={
-                "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-                "PATH": os.environ["PATH"],
-                "ANSIBLE_COLLECTIONS_PATH": os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""),
-                "ANSIBLE_NOCOLOR": "1",
-            },
-            suppress_env_files=True,
-            quiet=True,
+            private_data_dir=str(private), project_dir=str(REPO), playbook=playbook,
+            inventory=str(self.inventory), extravars=extravars or {}, limit=limit,
+            cmdline="--check --diff" if check else None,
+            envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": os.environ["PATH"],
+                     "ANSIBLE_COLLECTIONS_PATH": os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""),
+                     "ANSIBLE_NOCOLOR": "1"},
+            suppress_env_files=True, quiet=True,
         )
         stdout = result.stdout.read() if result.stdout else ""
         return PlaybookRun(result.status, result.rc, result.stats or {}, stdout, Path(result.config.artifact_dir))

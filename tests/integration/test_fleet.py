@@ -1,0 +1,111 @@
+"""Beyond one host, on three booted systemd hosts: a rolling deploy that stops at a failing host, the
+CI entry's summary of it, and SGLang multi-node arguments, start order and rank-0 readiness.
+The engine is the ENGINE TEST DOUBLE. Tests share the hosts and run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.integration.engine_host import REPO, EngineHost, podman_available
+
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.skipif(not podman_available(), reason="needs podman and the test-host image (scripts/build-image.sh)"),
+]
+
+HOSTS = ["bws-it-fleet1", "bws-it-fleet2", "bws-it-fleet3"]
+PAIR = HOSTS[:2]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    hosts = EngineHost(HOSTS[0], tmp_path_factory.mktemp("fleet"), fleet=HOSTS, groups={"kimi_pair": PAIR})
+    hosts.write_inventory({"engine_profile": "sandbox-tiny"})
+    hosts.boot()
+    prepared = hosts.run_playbook("tests/sandbox/prepare_host.yml")
+    assert prepared.status == "successful", prepared.stdout[-2000:]
+    yield hosts
+    hosts.destroy()
+
+
+def release(fleet: EngineHost, host: str) -> str:
+    return json.loads(fleet.on(host).sh("cat /var/lib/llm-serving/state.json"))["current"]
+
+
+def ci_playbook(fleet: EngineHost, playbook: str, artifacts, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts/ci_playbook.py"), playbook, "-i", str(fleet.inventory),
+         "--artifacts", str(artifacts), "--ident", "run", *extra],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )
+
+
+def test_first_rollout_serves_everywhere(fleet):
+    run = fleet.run_playbook("playbooks/deploy_sglang.yml", extravars={"deploy_batch_size": 3})
+    assert run.status == "successful", run.stdout[-3000:]
+    assert all(fleet.on(h).health() == 200 for h in HOSTS)
+
+
+def test_rollout_stops_at_a_failing_host_which_is_rolled_back(fleet, tmp_path):
+    before = {h: release(fleet, h) for h in HOSTS}
+    fleet.write_inventory({"engine_profile": "sandbox-tiny"},
+                          host_vars={HOSTS[1]: {"sglang_extra_environment": {"ENGINE_DOUBLE_FAULT": "crash-at-start"}}})
+    result = ci_playbook(fleet, "playbooks/deploy_sglang.yml", tmp_path,
+                         "-e", 'sglang_extra_options={"log-level": "warning"}', "-e", "deploy_batch_size=1")
+    assert result.returncode == 1, result.stdout[-3000:]
+    after = {h: release(fleet, h) for h in HOSTS}
+    assert after[HOSTS[0]] != before[HOSTS[0]], "host 1 serves the new release"
+    assert after[HOSTS[1]] == before[HOSTS[1]], "host 2 was rolled back to its previous release"
+    assert after[HOSTS[2]] == before[HOSTS[2]], "host 3 was not touched"
+    assert fleet.on(HOSTS[2]).sh("ls /var/lib/llm-serving/releases | wc -l") == "1"
+    assert all(fleet.on(h).health() == 200 for h in HOSTS)
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    hosts = summary["hosts"]
+    assert summary["status"] == "failed"
+    assert hosts[HOSTS[0]]["status"] == "ok" and hosts[HOSTS[0]]["changed"] > 0
+    assert hosts[HOSTS[1]]["status"] == "failed" and hosts[HOSTS[1]]["rescued"] == 1
+    assert "Rolled back" in hosts[HOSTS[1]]["failed_tasks"][-1]["msg"]
+    assert hosts[HOSTS[2]]["status"] == "not reached"
+    junit = ET.parse(tmp_path / "run" / "junit.xml").getroot()
+    assert (junit.get("tests"), junit.get("failures"), junit.get("skipped")) == ("3", "1", "1")
+    assert f"{HOSTS[1]}: failed" in result.stdout and f"{HOSTS[2]}: not reached" in result.stdout
+
+
+def test_teardown_of_the_fleet(fleet):
+    fleet.write_inventory({"engine_profile": "sandbox-tiny"})
+    run = fleet.run_playbook("playbooks/teardown.yml")
+    assert run.status == "successful", run.stdout[-3000:]
+    assert all(fleet.on(h).unit("sglang.service")["ActiveState"] == "inactive" for h in HOSTS)
+
+
+def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):
+    fleet.write_inventory({"engine_profile": "sandbox-tiny", "sglang_nodes_group": "kimi_pair",
+                           "deploy_batch_size": 2})
+    run = fleet.run_playbook("playbooks/deploy_sglang.yml", limit="kimi_pair")
+    assert run.status == "successful", run.stdout[-3000:]
+    for rank, host in enumerate(PAIR):
+        config = fleet.on(host).sh("cat $(ls -t /var/lib/llm-serving/releases/sglang-*/config.yaml | head -1)")
+        assert "nnodes: 2" in config
+        assert f"node-rank: {rank}" in config
+        assert f'dist-init-addr: "{PAIR[0]}:5000"' in config
+    started = {h: int(fleet.on(h).sh("systemctl show -p ActiveEnterTimestampMonotonic --value sglang.service"))
+               for h in PAIR}
+    assert started[PAIR[1]] < started[PAIR[0]], "the worker (rank 1) starts before rank 0"
+    gate = "TASK [verify :"
+    gated_hosts = {line.split("[", 2)[-1].rstrip("]") for chunk in run.stdout.split(gate)[1:]
+                   for line in chunk.splitlines() if line.startswith(("ok: [", "changed: ["))}
+    assert PAIR[0] in gated_hosts and PAIR[1] not in gated_hosts
+    assert fleet.on(HOSTS[2]).unit("sglang.service")["ActiveState"] == "inactive"
+
+
+def test_teardown_stops_all_nodes_together(fleet):
+    run = fleet.run_playbook("playbooks/teardown.yml")
+    assert run.status == "successful", run.stdout[-3000:]
+    assert all(fleet.on(h).unit("sglang.service")["ActiveState"] == "inactive" for h in PAIR)
