@@ -1,0 +1,938 @@
+#!/usr/bin/python
+# Copyright: the blackwell-llm-serving authors
+# SPDX-License-Identifier: Apache-2.0
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_release
+short_description: Stop inference-engine processes and free the NVIDIA GPUs and /dev/shm of one host
+description:
+  - Selects B(targets) = members of the cgroups of O(units) (from the unit's C(cgroup.procs), cgroup v1
+    and v2, and from every C(/proc/<pid>/cgroup)), processes whose process title or program matches
+    O(patterns), and the descendants of both.
+  - Never targets the module itself, its ancestors (the Ansible process chain), PID 1, kernel threads, or a
+    protected daemon (O(protected) + O(extra_protected), such as C(nvidia-persistenced), C(nv-hostengine),
+    C(Xorg) ...).
+    Other processes holding GPU device files are B(foreign holders), named in the result, never signalled.
+  - Sends SIGTERM, polls every O(poll_interval_ms) (no fixed sleeps), sends SIGKILL to what is left after
+    O(grace_s), then polls C(nvidia-smi --query-compute-apps) until no GPU lists a target any more, and
+    verifies every selected GPU. Fails naming PIDs, commands and GPUs when targets still hold a GPU after
+    O(timeout_s).
+  - GPU holders are found by reading C(/proc/*/fd) links to C(<dev_dir>/nvidia*). A holder is a compute
+    user when nvidia-smi lists it as a compute app; other holders are NVML-only clients (monitors). An
+    NVML client opens C(nvidia-uvm) too (seen with driver 580), so only where nvidia-smi is missing or
+    names PIDs of another PID namespace is an open C(nvidia-uvm) taken as compute use.
+  - The device minor of C(/dev/nvidiaN) is mapped to a GPU through
+    C(/proc/driver/nvidia/gpus/*/information), not assumed to equal nvidia-smi's index.
+  - Removes from O(shm_dir) only entries that match O(shm_patterns), are regular files, belong to
+    O(shm_owner) when given, and that no live process has open (C(/proc/*/fd)) or mapped (C(/proc/*/maps)).
+  - "Pattern matching, precisely: a single-word pattern matches, with shell wildcards and case-sensitive,
+    either argv[0] as written (the process title, for example C(sglang::scheduler_TP0) or C(VLLM::EngineCore))
+    or the program; a C(PROG ARG) pattern matches the program and the argument right after it. The program is
+    the basename of argv[0], except when argv[0] is a Python interpreter: then interpreter options are
+    skipped and the program is the module of C(-m MODULE) or the basename of the script. So
+    C(python3 -m sglang.launch_server) is program C(sglang.launch_server); C(/opt/sglang/bin/sglang serve) and
+    C(/opt/sglang/bin/python3 /opt/sglang/bin/sglang serve) are program C(sglang) with argument C(serve).
+    Nothing after that argument is looked at, so C(journalctl -u sglang) or C(grep sglang::) never match."
+  - Without an NVIDIA driver or C(nvidia-smi) (CI, containers) it still releases engine processes and
+    /dev/shm and returns RV(gpu_verification=skipped) with the reason.
+version_added: "0.1.0"
+author: blackwell-llm-serving authors
+options:
+  units:
+    description: systemd units whose cgroup members are targets (stop them before calling this module).
+    type: list
+    elements: str
+    default: []
+  patterns:
+    description: Engine patterns (see the description for the matching rules).
+    type: list
+    elements: str
+    default: ['sglang::*', 'sglang.launch_server', 'sglang serve', 'VLLM::*', 'vllm serve',
+              'vllm.entrypoints.openai.api_server']
+  protected:
+    description: Names (shell wildcards) of processes never signalled, matched against comm, argv[0],
+      its basename and the program.
+    type: list
+    elements: str
+    default: [nvidia-persistenced, nv-hostengine, nvidia-dcgm, dcgm-exporter, dcgmi, nv-fabricmanager,
+              nvidia-fabricmanager, Xorg, X, Xwayland, gnome-shell, gdm*, sddm, nvidia-smi, systemd, init,
+              sshd]
+  extra_protected:
+    description: More protected names, added to O(protected).
+    type: list
+    elements: str
+    default: []
+  grace_s:
+    description: Seconds between SIGTERM and SIGKILL.
+    type: float
+    default: 10
+  timeout_s:
+    description: Seconds after SIGTERM after which targets still alive or listed on a GPU fail the module.
+    type: float
+    default: 30
+  settle_s:
+    description: After all targets exited, seconds to wait for compute apps whose PID is not visible here
+      (another PID namespace) to disappear from nvidia-smi; those left are reported, not failed on.
+    type: float
+    default: 3
+  poll_interval_ms:
+    description: Polling interval in milliseconds.
+    type: int
+    default: 25
+  gpus:
+    description: GPUs (index, uuid or bus id) to verify and report; default all.
+    type: list
+    elements: str
+    default: []
+  nvidia_smi:
+    description: nvidia-smi to run (a name looked up in PATH, or a path).
+    type: str
+    default: nvidia-smi
+  driver_proc_dir:
+    description: The NVIDIA driver's /proc directory (device minor per bus id).
+    type: path
+    default: /proc/driver/nvidia
+  dev_dir:
+    description: Directory that holds the C(nvidia*) device files.
+    type: path
+    default: /dev
+  cgroup_root:
+    description: Mount point of the cgroup file system.
+    type: path
+    default: /sys/fs/cgroup
+  shm_dir:
+    description: Shared-memory directory to clean.
+    type: path
+    default: /dev/shm
+  shm_patterns:
+    description: Names (shell wildcards) of engine shared-memory entries that may be removed.
+    type: list
+    elements: str
+    default: ['nccl-*', 'psm_*', 'sem.mp-*', 'torch_*', 'multi_tokenizer_*']
+  shm_owner:
+    description: Remove only entries owned by this user (name or uid); empty means any owner.
+    type: str
+    default: ''
+  clean_shm:
+    description: Whether to clean O(shm_dir) at all.
+    type: bool
+    default: true
+  fail_on_foreign_holders:
+    description: Fail when a process that is not a target still uses a selected GPU for compute.
+    type: bool
+    default: false
+notes:
+  - Check mode reports what would be signalled and removed and touches nothing.
+  - Processes in other PID namespaces are invisible to C(/proc) here; their compute apps are reported as
+    unattributed.
+  - Signals go through a pidfd opened after checking the PID's start time, so a reused PID is never signalled.
+seealso:
+  - module: gpu_facts
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Release the GPUs held by the engine units and stray engine processes
+  gpu_release:
+    units: [sglang.service, vllm.service]
+    grace_s: 10
+    shm_owner: sglang
+
+- name: Tests point it at a GPU simulator and stand-in device files
+  gpu_release:
+    nvidia_smi: /tmp/sim/nvidia-smi
+    driver_proc_dir: /tmp/sim/proc-driver-nvidia
+    dev_dir: /tmp/sim/dev
+    shm_dir: /tmp/sim/shm
+    grace_s: 1
+"""
+
+RETURN = r"""
+gpu_verification:
+  description: C(done) when GPUs were checked with nvidia-smi, else C(skipped).
+  returned: always
+  type: str
+gpu_verification_reason:
+  description: Why verification was skipped (which of nvidia-smi and the driver is missing).
+  returned: always
+  type: str
+driver_loaded:
+  description: Whether the NVIDIA kernel driver is loaded.
+  returned: always
+  type: bool
+gpus:
+  description: Per GPU - index, uuid, bus_id, minor, memory_used_before_mib, memory_used_after_mib, freed_mib,
+    holders (pid, cmd, role target/spared/foreign/monitor, used_mib), clean.
+  returned: always
+  type: list
+  elements: dict
+targets:
+  description: Selected processes - pid, cmd, reason, gpus, signals sent, exited (bool), exit_s after SIGTERM.
+  returned: always
+  type: list
+  elements: dict
+signalled:
+  description: PIDs sent SIGTERM (TERM) and SIGKILL (KILL); in check mode what would be sent.
+  returned: always
+  type: dict
+spared:
+  description: Processes that matched or hold a GPU but were not signalled, with the reason.
+  returned: always
+  type: list
+  elements: dict
+foreign_holders:
+  description: Non-engine processes using a GPU for compute; never signalled.
+  returned: always
+  type: list
+  elements: dict
+unattributed_apps:
+  description: Compute apps nvidia-smi lists whose PID is not visible here (left after O(settle_s)).
+  returned: always
+  type: list
+  elements: dict
+shm:
+  description: removed, would_remove (check mode) and kept (path, reason) entries of O(shm_dir).
+  returned: always
+  type: dict
+elapsed_s:
+  description: Seconds the module took.
+  returned: always
+  type: float
+release_s:
+  description: Seconds from SIGTERM until no target was alive or listed on a GPU (null when none signalled).
+  returned: always
+  type: float
+summary:
+  description: Human-readable lines, one screen.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import fnmatch
+import os
+import pwd
+import shutil
+import signal
+import stat
+import time
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_nvidia import (
+    QUERY_APPS_ARGS,
+    QUERY_GPU_ARGS,
+    NvidiaError,
+    apps_from_csv,
+    attach_minors,
+    driver_loaded,
+    gpus_from_csv,
+    read_driver_gpus,
+    resolve_nvidia_smi,
+    run_query,
+)
+from ansible.module_utils.bws_procfs import (
+    Proc,
+    ancestors,
+    cgroup_in_unit,
+    descendants,
+    first_matching_pattern,
+    identity,
+    is_alive,
+    read_mapped_paths,
+    snapshot,
+    unit_cgroup_pids,
+)
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "units": {"type": "list", "elements": "str", "default": []},
+    "patterns": {
+        "type": "list",
+        "elements": "str",
+        "default": [
+            "sglang::*",
+            "sglang.launch_server",
+            "sglang serve",
+            "VLLM::*",
+            "vllm serve",
+            "vllm.entrypoints.openai.api_server",
+        ],
+    },
+    "protected": {
+        "type": "list",
+        "elements": "str",
+        "default": [
+            "nvidia-persistenced",
+            "nv-hostengine",
+            "nvidia-dcgm",
+            "dcgm-exporter",
+            "dcgmi",
+            "nv-fabricmanager",
+            "nvidia-fabricmanager",
+            "Xorg",
+            "X",
+            "Xwayland",
+            "gnome-shell",
+            "gdm*",
+            "sddm",
+            "nvidia-smi",
+            "systemd",
+            "init",
+            "sshd",
+        ],
+    },
+    "extra_protected": {"type": "list", "elements": "str", "default": []},
+    "grace_s": {"type": "float", "default": 10.0},
+    "timeout_s": {"type": "float", "default": 30.0},
+    "settle_s": {"type": "float", "default": 3.0},
+    "poll_interval_ms": {"type": "int", "default": 25},
+    "gpus": {"type": "list", "elements": "str", "default": []},
+    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+    "driver_proc_dir": {"type": "path", "default": "/proc/driver/nvidia"},
+    "dev_dir": {"type": "path", "default": "/dev"},
+    "cgroup_root": {"type": "path", "default": "/sys/fs/cgroup"},
+    "shm_dir": {"type": "path", "default": "/dev/shm"},
+    "shm_patterns": {
+        "type": "list",
+        "elements": "str",
+        "default": ["nccl-*", "psm_*", "sem.mp-*", "torch_*", "multi_tokenizer_*"],
+    },
+    "shm_owner": {"type": "str", "default": ""},
+    "clean_shm": {"type": "bool", "default": True},
+    "fail_on_foreign_holders": {"type": "bool", "default": False},
+}
+
+
+class ReleaseError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- GPU side
+
+
+class Gpu:
+    """nvidia-smi access; ``available`` is False (with ``reason``) where there is no driver or no tool."""
+
+    def __init__(self, module: AnsibleModule, nvidia_smi: str, driver_proc_dir: str) -> None:
+        self.module = module
+        self.driver_loaded = driver_loaded(driver_proc_dir)
+        self.tool = resolve_nvidia_smi(nvidia_smi)
+        self.driver_gpus = read_driver_gpus(driver_proc_dir)
+        self.reason = ""
+        if self.tool is None:
+            state = "loaded" if self.driver_loaded else f"not loaded ({driver_proc_dir} absent)"
+            self.reason = f"nvidia-smi not found ({nvidia_smi}); NVIDIA kernel driver {state}"
+
+    @property
+    def available(self) -> bool:
+        return self.tool is not None and not self.reason
+
+    def _run(self, argv: list[str]) -> tuple[int, str, str]:
+        rc, out, err = self.module.run_command(argv)
+        return rc, out, err
+
+    def query_gpus(self) -> list[dict[str, Any]]:
+        gpus = gpus_from_csv(run_query(self.tool or "", QUERY_GPU_ARGS, self._run))
+        attach_minors(gpus, self.driver_gpus)
+        return gpus
+
+    def query_apps(self) -> list[dict[str, Any]]:
+        return apps_from_csv(run_query(self.tool or "", QUERY_APPS_ARGS, self._run))
+
+    def first_look(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        if not self.available:
+            return [], []
+        try:
+            return self.query_gpus(), self.query_apps()
+        except NvidiaError as exc:
+            if exc.kind in ("no_driver", "missing_tool"):
+                self.reason = str(exc)
+                return [], []
+            raise
+
+
+def gpu_selected(gpu: dict[str, Any], wanted: list[str]) -> bool:
+    if not wanted:
+        return True
+    keys = {str(gpu["index"]), gpu["uuid"] or "", gpu["bus_id"] or "", gpu.get("pci_bus_id") or ""}
+    return any(w in keys or w.lower() in keys for w in wanted)
+
+
+def device_files(proc: Proc, dev_dir: str) -> tuple[set[int], bool, bool]:
+    """(GPU minors held, holds nvidia-uvm, holds any nvidia device file) from a process's open files."""
+    prefix = dev_dir.rstrip("/") + "/nvidia"
+    minors: set[int] = set()
+    uvm = False
+    anything = False
+    for target in proc.fds:
+        if not target.startswith(prefix):
+            continue
+        anything = True
+        rest = target[len(prefix) :]
+        if rest.isdigit():
+            minors.add(int(rest))
+        elif rest == "-uvm":
+            uvm = True
+    return minors, uvm, anything
+
+
+# ---------------------------------------------------------------- selection
+
+
+def names_of(proc: Proc) -> set[str]:
+    names = {proc.comm}
+    ident = identity(proc.argv)
+    if ident is not None:
+        names |= {ident.title, os.path.basename(ident.title), ident.prog}
+    return {n for n in names if n}
+
+
+def protected_name(proc: Proc, protected: list[str]) -> str | None:
+    for name in names_of(proc):
+        for pattern in protected:
+            if fnmatch.fnmatchcase(name, pattern):
+                return pattern
+    return None
+
+
+def unit_members(module: AnsibleModule, units: list[str], procs: dict[int, Proc], cgroup_root: str) -> dict[int, str]:
+    members: dict[int, str] = {}
+    systemctl = shutil.which("systemctl")
+    for unit in units:
+        if systemctl:
+            rc, out, _ = module.run_command([systemctl, "show", "--property=ControlGroup", "--value", unit])
+            if rc == 0 and out.strip():
+                for pid in unit_cgroup_pids(cgroup_root, out.strip()):
+                    members.setdefault(pid, f"member of {unit} cgroup")
+        for proc in procs.values():
+            if any(cgroup_in_unit(path, unit) for path in proc.cgroups):
+                members.setdefault(proc.pid, f"member of {unit} cgroup")
+    return members
+
+
+def select(params: dict[str, Any], module: AnsibleModule, procs: dict[int, Proc]) -> tuple[dict[int, str], list[dict]]:
+    """(target pid -> reason, spared [{pid, cmd, reason}]) for engine candidates."""
+    me = os.getpid()
+    never = {me, 1} | ancestors(me, procs)
+    protected = list(params["protected"]) + list(params["extra_protected"])
+    candidates: dict[int, str] = {}
+    for pid, reason in unit_members(module, params["units"], procs, params["cgroup_root"]).items():
+        if pid in procs:
+            candidates[pid] = reason
+    for proc in procs.values():
+        pattern = first_matching_pattern(proc.argv, params["patterns"])
+        if pattern is not None and proc.pid not in candidates:
+            candidates[proc.pid] = f"matches engine pattern {pattern!r}"
+    for pid, root in descendants(set(candidates), procs).items():
+        candidates.setdefault(pid, f"descendant of {root}")
+    targets: dict[int, str] = {}
+    spared: list[dict] = []
+    for pid, reason in sorted(candidates.items()):
+        proc = procs[pid]
+        why = None
+        if pid == me:
+            why = "this module itself"
+        elif pid in never:
+            why = "ancestor of this module (the caller)" if pid != 1 else "PID 1 (init)"
+        elif not proc.argv:
+            why = "kernel thread"
+        else:
+            name = protected_name(proc, protected)
+            if name:
+                why = f"protected daemon ({name})"
+        if why:
+            spared.append({**proc.brief(), "reason": f"{why}; was selected as {reason}"})
+        else:
+            targets[pid] = reason
+    return targets, spared
+
+
+# ---------------------------------------------------------------- signalling
+
+
+def send(proc: Proc, sig: int) -> bool:
+    """Signal the exact process we selected: a pidfd is opened first, then the start time is re-checked."""
+    pidfd = None
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):
+        pidfd = None  # no pidfd support (old kernel, some sandboxes): fall back to kill(2) after the check
+    try:
+        if not is_alive(proc.pid, proc.starttime):
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(proc.pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def since(self, t: float | None = None) -> float:
+        return round(time.monotonic() - (self.t0 if t is None else t), 3)
+
+
+def terminate(
+    targets: dict[int, Proc], params: dict[str, Any], signalled: dict[str, list[int]]
+) -> tuple[dict[int, float], float]:
+    """SIGTERM all, poll, SIGKILL the rest after the grace, poll until gone or timeout.
+
+    Returns (pid -> seconds from SIGTERM to exit, monotonic time of the SIGTERM).
+    """
+    interval = max(params["poll_interval_ms"], 1) / 1000.0
+    t_term = time.monotonic()
+    exited: dict[int, float] = {}
+    for proc in targets.values():
+        if send(proc, signal.SIGTERM):
+            signalled["TERM"].append(proc.pid)
+        else:
+            exited[proc.pid] = 0.0
+    killed = False
+    while True:
+        now = time.monotonic()
+        for proc in targets.values():
+            if proc.pid not in exited and not is_alive(proc.pid, proc.starttime):
+                exited[proc.pid] = round(now - t_term, 3)
+        alive = [p for p in targets.values() if p.pid not in exited]
+        if not alive:
+            break
+        if not killed and now - t_term >= params["grace_s"]:
+            killed = True
+            for proc in alive:
+                if send(proc, signal.SIGKILL):
+                    signalled["KILL"].append(proc.pid)
+            continue
+        if now - t_term >= params["timeout_s"]:
+            break
+        time.sleep(interval)
+    return exited, t_term
+
+
+def wait_for_gpu_release(
+    gpu: Gpu,
+    *,
+    watch_target: set[int],
+    watch_unmapped: set[int],
+    explained: int,
+    params: dict[str, Any],
+    t_term: float,
+) -> set[int]:
+    """Poll compute apps until no target PID is listed; returns the targets still listed at the timeout.
+
+    Apps whose PID is not visible here (``watch_unmapped``: nvidia-smi answered with PIDs of another PID
+    namespace) are waited for until no more of them are left than live non-target holders explain
+    (``explained``), for at most ``settle_s``.
+    """
+    interval = max(params["poll_interval_ms"], 1) / 1000.0
+    t_gone = time.monotonic()
+    while True:
+        listed = {a["pid"] for a in gpu.query_apps()}
+        left_targets = listed & watch_target
+        left_unmapped = listed & watch_unmapped
+        now = time.monotonic()
+        unmapped_done = len(left_unmapped) <= explained or now - t_gone >= params["settle_s"]
+        if (not left_targets and unmapped_done) or now - t_term >= params["timeout_s"]:
+            return left_targets
+        time.sleep(interval)
+
+
+def wait_for_memory_to_settle(gpu: Gpu, params: dict[str, Any], readings: int = 3) -> None:
+    """Where nvidia-smi does not list the targets by PID, wait for memory.used to read the same 3 times."""
+    interval = max(params["poll_interval_ms"], 1) / 1000.0
+    deadline = time.monotonic() + params["settle_s"]
+    history: list[list[int | None]] = []
+    while time.monotonic() < deadline:
+        history.append([g["memory_used_mib"] for g in gpu.query_gpus()])
+        if len(history) >= readings and all(h == history[-1] for h in history[-readings:]):
+            return
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------- /dev/shm
+
+
+def resolve_owner(owner: str) -> int | None:
+    if not owner:
+        return None
+    if owner.isdigit():
+        return int(owner)
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError as exc:
+        raise ReleaseError(f"shm_owner {owner!r} is not a user on this host") from exc
+
+
+def shm_users(shm_dir: str, procs: dict[int, Proc]) -> dict[str, set[int]]:
+    """shm path -> PIDs that have it open or mapped."""
+    prefix = shm_dir.rstrip("/") + "/"
+    users: dict[str, set[int]] = {}
+    for proc in procs.values():
+        paths = {p[: -len(" (deleted)")] if p.endswith(" (deleted)") else p for p in proc.fds}
+        paths |= read_mapped_paths(proc.pid)
+        for path in paths:
+            if path.startswith(prefix):
+                users.setdefault(path, set()).add(proc.pid)
+    return users
+
+
+def clean_shm(params: dict[str, Any], procs: dict[int, Proc], check_mode: bool, targets: set[int]) -> dict[str, Any]:
+    result: dict[str, Any] = {"dir": params["shm_dir"], "removed": [], "would_remove": [], "kept": []}
+    if not params["clean_shm"]:
+        result["skipped"] = "clean_shm is false"
+        return result
+    shm_dir = os.path.realpath(params["shm_dir"])
+    try:
+        names = sorted(os.listdir(shm_dir))
+    except OSError as exc:
+        result["skipped"] = f"cannot list {shm_dir}: {exc.strerror}"
+        return result
+    owner = resolve_owner(params["shm_owner"])
+    users = shm_users(shm_dir, procs)
+    for name in names:
+        if not any(fnmatch.fnmatchcase(name, p) for p in params["shm_patterns"]):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        holders = users.get(path, set())
+        if check_mode:
+            holders = holders - targets  # targets would be gone by then
+        reason = None
+        if not stat.S_ISREG(st.st_mode):
+            reason = "not a regular file"
+        elif owner is not None and st.st_uid != owner:
+            reason = f"owned by uid {st.st_uid}, not {params['shm_owner']}"
+        elif holders:
+            reason = "open or mapped by PIDs " + ", ".join(str(p) for p in sorted(holders))
+        if reason:
+            result["kept"].append({"path": path, "reason": reason})
+        elif check_mode:
+            result["would_remove"].append(path)
+        else:
+            try:
+                os.unlink(path)
+                result["removed"].append(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                result["kept"].append({"path": path, "reason": f"unlink failed: {exc.strerror}"})
+    return result
+
+
+# ---------------------------------------------------------------- report
+
+
+def gpu_table(
+    gpus: list[dict[str, Any]], procs: dict[int, Proc], dev_dir: str, wanted: list[str]
+) -> dict[int, dict[str, Any]]:
+    """minor -> GPU entry for the selected GPUs. Without nvidia-smi, the minors seen in device files."""
+    table: dict[int, dict[str, Any]] = {}
+    for gpu in gpus:
+        if not gpu_selected(gpu, wanted):
+            continue
+        minor = gpu["minor"] if gpu["minor"] is not None else gpu["index"]
+        table[minor] = {
+            "index": gpu["index"],
+            "uuid": gpu["uuid"],
+            "name": gpu["name"],
+            "bus_id": gpu["bus_id"],
+            "minor": minor,
+            "minor_source": gpu["minor_source"] if gpu["minor"] is not None else "assumed equal to index",
+            "memory_total_mib": gpu["memory_total_mib"],
+            "memory_used_before_mib": gpu["memory_used_mib"],
+            "memory_used_after_mib": None,
+            "freed_mib": None,
+            "holders": [],
+        }
+    if not gpus:
+        for proc in procs.values():
+            for minor in device_files(proc, dev_dir)[0]:
+                table.setdefault(minor, {"index": None, "uuid": None, "bus_id": None, "minor": minor, "holders": []})
+    return table
+
+
+def summarize(result: dict[str, Any]) -> list[str]:
+    lines = []
+    if result["gpu_verification"] == "skipped":
+        lines.append(f"no NVIDIA driver on this host: GPU verification skipped ({result['gpu_verification_reason']})")
+    for g in result["gpus"]:
+        roles: dict[str, int] = {}
+        for h in g["holders"]:
+            roles[h["role"]] = roles.get(h["role"], 0) + 1
+        found = ", ".join(f"{n} {r}" for r, n in sorted(roles.items())) or "no holders"
+        mem = ""
+        if g.get("memory_used_before_mib") is not None:
+            before, after = g["memory_used_before_mib"], g["memory_used_after_mib"]
+            mem = f"; {before} -> {after} MiB (freed {g['freed_mib']})"
+        if g.get("clean") is None:
+            state = "not verified"
+        elif g["clean"]:
+            state = "clean"
+        else:
+            users = ", ".join(str(a["pid"]) for a in g.get("apps_after", [])) or "targets still alive"
+            state = f"NOT clean (compute apps left: {users})"
+        lines.append(f"GPU {g['index'] if g['index'] is not None else '?'} (minor {g['minor']}): {found}{mem}; {state}")
+    sig = result["signalled"]
+    lines.append(
+        f"targets {len(result['targets'])}: TERM {len(sig['TERM'])}, KILL {len(sig['KILL'])}"
+        + (" (check mode: nothing sent)" if result["check_mode"] else "")
+    )
+    for s in result["spared"]:
+        lines.append(f"spared {s['pid']} {s['cmd'][:60]}: {s['reason']}")
+    for f in result["foreign_holders"]:
+        lines.append(f"foreign GPU holder (not touched) {f['pid']} {f['cmd'][:60]} on GPUs {f['gpus']}")
+    for a in result["unattributed_apps"]:
+        lines.append(f"unattributed compute app pid {a['pid']} ({a['name']}) {a['used_mib']} MiB: PID not visible here")
+    shm = result["shm"]
+    removed = shm["would_remove"] if result["check_mode"] else shm["removed"]
+    verb = "would remove" if result["check_mode"] else "removed"
+    lines.append(
+        f"/dev/shm: {verb} {len(removed)}, kept {len(shm['kept'])}"
+        + (f" ({shm['skipped']})" if shm.get("skipped") else "")
+    )
+    lines.append(
+        f"elapsed {result['elapsed_s']} s"
+        + (f", release {result['release_s']} s" if result["release_s"] is not None else "")
+    )
+    return lines
+
+
+def attribute_apps(
+    apps: list[dict[str, Any]], table: dict[int, dict[str, Any]], procs: dict[int, Proc]
+) -> tuple[dict[int, dict[int, int]], list[dict[str, Any]]]:
+    """(pid -> {minor: MiB}, apps whose PID is not visible here) on selected GPUs, by uuid, else bus id."""
+    by_uuid = {g["uuid"]: g for g in table.values() if g["uuid"]}
+    by_bus = {g["bus_id"]: g for g in table.values() if g["bus_id"]}
+    app_mem: dict[int, dict[int, int]] = {}
+    unmapped: list[dict[str, Any]] = []
+    for app in apps:
+        entry = by_uuid.get(app["gpu_uuid"]) or by_bus.get(app["bus_id"])
+        if entry is None:
+            continue
+        if app["pid"] not in procs:
+            unmapped.append({**app, "gpu_index": entry["index"]})
+        else:
+            app_mem.setdefault(app["pid"], {})[entry["minor"]] = app["used_mib"] or 0
+    return app_mem, unmapped
+
+
+def classify_holders(
+    *,
+    procs: dict[int, Proc],
+    table: dict[int, dict[str, Any]],
+    app_mem: dict[int, dict[int, int]],
+    targets: dict[int, dict[str, Any]],
+    spared: list[dict[str, Any]],
+    dev_dir: str,
+    protected: list[str],
+    apps_authoritative: bool,
+) -> list[dict[str, Any]]:
+    """Add every GPU holder to its GPUs' ``holders`` with a role; returns the foreign compute holders.
+
+    A compute user is a process nvidia-smi lists as a compute app. Only where that list cannot be used
+    (no nvidia-smi, or it names PIDs of another PID namespace) an open ``nvidia-uvm`` stands in for it:
+    on driver 580 an NVML-only client opens ``nvidia-uvm`` too, so that fallback over-reports.
+    """
+    me_chain = {os.getpid()} | ancestors(os.getpid(), procs)
+    spared_pids = {s["pid"] for s in spared}
+    foreign: list[dict[str, Any]] = []
+    for proc in procs.values():
+        minors, uvm, any_dev = device_files(proc, dev_dir)
+        if not any_dev and proc.pid not in app_mem:
+            continue
+        held = sorted(m for m in minors | set(app_mem.get(proc.pid, {})) if m in table)
+        compute = proc.pid in app_mem if apps_authoritative else (uvm or proc.pid in app_mem)
+        if proc.pid in targets:
+            role = "target"
+            targets[proc.pid]["gpus"] = sorted(table[m]["index"] for m in held)
+        elif proc.pid in me_chain:
+            role = "self"
+        elif proc.pid in spared_pids:
+            role = "spared"
+        elif protected_name(proc, protected):
+            role = "protected"
+            spared.append({**proc.brief(), "reason": f"protected daemon ({protected_name(proc, protected)})"})
+        elif not compute:
+            role = "monitor"
+            how = "not a compute app in nvidia-smi" if apps_authoritative else "no nvidia-uvm open"
+            reason = f"NVML-only GPU holder ({how}): a monitor, not a compute user"
+            spared.append({**proc.brief(), "reason": reason})
+        else:
+            role = "foreign"
+            foreign.append({**proc.brief(), "gpus": sorted(table[m]["index"] for m in held), "holds_uvm": uvm})
+        for m in held:
+            used = app_mem.get(proc.pid, {}).get(m)
+            table[m]["holders"].append({**proc.brief(), "role": role, "compute": compute, "used_mib": used})
+    return foreign
+
+
+def verify_gpus(
+    *,
+    gpu: Gpu,
+    table: dict[int, dict[str, Any]],
+    targets: dict[int, dict[str, Any]],
+    gpus_after: list[dict[str, Any]],
+    apps_after: list[dict[str, Any]],
+    check_mode: bool,
+) -> None:
+    """Memory after, freed, compute apps left and ``clean`` per selected GPU, in place."""
+    after_by_minor = {(g["minor"] if g["minor"] is not None else g["index"]): g for g in gpus_after}
+    for minor, entry in table.items():
+        after = after_by_minor.get(minor)
+        if after is not None and not check_mode:
+            entry["memory_used_after_mib"] = after["memory_used_mib"]
+            if entry.get("memory_used_before_mib") is not None and after["memory_used_mib"] is not None:
+                entry["freed_mib"] = entry["memory_used_before_mib"] - after["memory_used_mib"]
+        here = [a for a in apps_after if a["gpu_uuid"] == entry["uuid"] or a["bus_id"] == entry["bus_id"]]
+        entry["apps_after"] = here if gpu.available else []
+        alive = [h for h in entry["holders"] if h["role"] == "target" and not targets[h["pid"]].get("exited", False)]
+        entry["clean"] = None if not gpu.available or check_mode else not here and not alive
+
+
+def failure(result: dict[str, Any], targets: dict[int, dict[str, Any]], left_on_gpu: set[int], params) -> str:
+    stuck = [targets[p] for p in sorted(targets) if not targets[p]["exited"] or p in left_on_gpu]
+    if stuck and not result["check_mode"]:
+        names = "; ".join(f"PID {t['pid']} ({t['cmd'][:80]}) on GPUs {t['gpus']}" for t in stuck)
+        return f"still running or holding GPU memory after {params['timeout_s']} s: {names}"
+    if params["fail_on_foreign_holders"] and result["foreign_holders"]:
+        names = "; ".join(f"PID {f['pid']} ({f['cmd'][:80]}) on GPUs {f['gpus']}" for f in result["foreign_holders"])
+        return f"foreign processes use the GPUs (not signalled): {names}"
+    return ""
+
+
+def release(module: AnsibleModule) -> dict[str, Any]:
+    params = module.params
+    clock = Clock()
+    check_mode = module.check_mode
+    gpu = Gpu(module, params["nvidia_smi"], params["driver_proc_dir"])
+    procs = snapshot()
+    gpus_before, apps_before = gpu.first_look()
+    targets_reason, spared = select(params, module, procs)
+    table = gpu_table(gpus_before, procs, params["dev_dir"], params["gpus"])
+    app_mem, unmapped = attribute_apps(apps_before, table, procs)
+    targets: dict[int, dict[str, Any]] = {
+        pid: {
+            **procs[pid].brief(),
+            "reason": reason,
+            "gpus": [],
+            "signals": [],
+            "exited": False,
+            "exit_s": None,
+        }
+        for pid, reason in targets_reason.items()
+    }
+    foreign = classify_holders(
+        procs=procs,
+        table=table,
+        app_mem=app_mem,
+        targets=targets,
+        spared=spared,
+        dev_dir=params["dev_dir"],
+        protected=params["protected"] + params["extra_protected"],
+        apps_authoritative=gpu.available and not unmapped,
+    )
+
+    signalled: dict[str, list[int]] = {"TERM": [], "KILL": []}
+    release_s = None
+    left_on_gpu: set[int] = set()
+    if check_mode:
+        signalled["TERM"] = sorted(targets)
+    elif targets:
+        exited, t_term = terminate({pid: procs[pid] for pid in targets}, params, signalled)
+        if gpu.available:
+            left_on_gpu = wait_for_gpu_release(
+                gpu,
+                watch_target=set(targets),
+                watch_unmapped={a["pid"] for a in unmapped},
+                explained=sum(1 for f in foreign if f["pid"] not in app_mem and f["holds_uvm"]),
+                params=params,
+                t_term=t_term,
+            )
+            if any(t["gpus"] for t in targets.values()) and not set(app_mem) & set(targets):
+                wait_for_memory_to_settle(gpu, params)
+        release_s = round(time.monotonic() - t_term, 3)
+        for pid, t in targets.items():
+            t["signals"] = [s for s in ("TERM", "KILL") if pid in signalled[s]]
+            t["exited"] = pid in exited
+            t["exit_s"] = exited.get(pid)
+
+    shm = clean_shm(params, procs if check_mode else snapshot(), check_mode, set(targets))
+    if gpu.available and not check_mode:
+        gpus_after, apps_after = gpu.query_gpus(), gpu.query_apps()
+    else:
+        gpus_after, apps_after = gpus_before, apps_before
+    verify_gpus(
+        gpu=gpu,
+        table=table,
+        targets=targets,
+        gpus_after=gpus_after,
+        apps_after=apps_after,
+        check_mode=check_mode,
+    )
+    listed_after = {a["pid"] for a in apps_after}
+
+    changed = signalled["TERM"] or signalled["KILL"] or shm["removed"] or (check_mode and shm["would_remove"])
+    result: dict[str, Any] = {
+        "changed": bool(changed),
+        "check_mode": check_mode,
+        "driver_loaded": gpu.driver_loaded,
+        "gpu_verification": "done" if gpu.available else "skipped",
+        "gpu_verification_reason": "" if gpu.available else gpu.reason,
+        "gpus": sorted(table.values(), key=lambda e: (e["index"] is None, e["index"] or 0, e["minor"])),
+        "targets": [targets[p] for p in sorted(targets)],
+        "signalled": signalled,
+        "spared": spared,
+        "foreign_holders": foreign,
+        "unattributed_apps": [a for a in unmapped if a["pid"] in listed_after],
+        "shm": shm,
+        "release_s": release_s,
+        "elapsed_s": clock.since(),
+    }
+    result["summary"] = summarize(result)
+    msg = failure(result, targets, left_on_gpu, params)
+    if msg:
+        result["msg"] = msg
+        result["summary"].append("FAILED: " + msg)
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    p = module.params
+    if p["grace_s"] < 0 or p["timeout_s"] <= 0 or p["timeout_s"] < p["grace_s"]:
+        module.fail_json(
+            msg=f"need 0 <= grace_s <= timeout_s and timeout_s > 0 (grace_s={p['grace_s']}, timeout_s={p['timeout_s']})"
+        )
+    if p["poll_interval_ms"] < 1:
+        module.fail_json(msg="poll_interval_ms must be >= 1")
+    try:
+        result = release(module)
+    except (ReleaseError, NvidiaError) as exc:
+        module.fail_json(msg=str(exc))
+    if "msg" in result:
+        msg = result.pop("msg")
+        module.fail_json(msg=msg, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+# Copyright: the blackwell-llm-serving authors
+# SPDX-License-Identifier: Apache-2.0
+"""nvidia-smi CSV parsing and GPU facts (standard library only: runs on the target).
+
+The queries below are the ones whose output is recorded in tests/fixtures/nvidia-smi/. nvidia-smi writes
+``--format=csv,noheader,nounits`` as ``value, value, ...`` without quoting, so a field that may contain
+", " (a process name) is re-assembled from the surplus columns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
+
+GPU_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "driver_version",
+    "compute_cap",
+    "memory.used",
+    "memory.total",
+    "utilization.gpu",
+    "persistence_mode",
+)
+APP_FIELDS: tuple[str, ...] = ("pid", "process_name", "used_gpu_memory", "gpu_uuid", "gpu_bus_id")
+
+QUERY_GPU_ARGS: tuple[str, ...] = ("--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")
+QUERY_APPS_ARGS: tuple[str, ...] = (
+    "--query-compute-apps=" + ",".join(APP_FIELDS),
+    "--format=csv,noheader,nounits",
+)
+
+# nvidia-smi prints these for values a board or driver does not report.
+_MISSING_VALUES = {
+    "[N/A]",
+    "N/A",
+    "[Not Supported]",
+    "Not Supported",
+    "[Unknown Error]",
+    "[Insufficient Permissions]",
+}
+
+# Exit status 9 and this text are what nvidia-smi prints when the kernel driver is not loaded.
+_NO_DRIVER_RE = re.compile(r"couldn't communicate with the NVIDIA driver|NVIDIA driver is not loaded", re.I)
+
+Runner = Callable[[Sequence[str]], tuple[int, str, str]]
+
+
+class NvidiaError(Exception):
+    """nvidia-smi could not give facts; ``kind`` says why (missing_tool, no_driver, failed, parse)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _clean(value: str) -> str | None:
+    value = value.strip()
+    return None if value in _MISSING_VALUES or value == "" else value
+
+
+def parse_csv(text: str, fields: Sequence[str], free_field: str | None = None) -> list[dict[str, str | None]]:
+    """Parse nvidia-smi ``csv,noheader,nounits`` output into one dict per row.
+
+    ``free_field`` names the column that may itself contain ", "; surplus columns are joined back into it.
+    A row with too few columns raises NvidiaError('parse').
+    """
+    rows: list[dict[str, str | None]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split(", ")
+        if len(parts) > len(fields) and free_field is not None:
+            pos = fields.index(free_field)
+            extra = len(parts) - len(fields)
+            parts = [*parts[:pos], ", ".join(parts[pos : pos + extra + 1]), *parts[pos + extra + 1 :]]
+        if len(parts) != len(fields):
+            raise NvidiaError(
+                "parse",
+                f"nvidia-smi line {lineno} has {len(parts)} columns, expected {len(fields)} "
+                f"({', '.join(fields)}): {line!r}",
+            )
+        rows.append({name: _clean(value) for name, value in zip(fields, parts, strict=True)})
+    return rows
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def normalize_bus_id(bus_id: str | None) -> str | None:
+    """``00000000:00:06.0`` (nvidia-smi) and ``0000:00:06.0`` (/proc, sysfs) -> ``0000:00:06.0``."""
+    if not bus_id:
+        return None
+    match = re.fullmatch(r"\s*([0-9a-fA-F]+):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\s*", bus_id)
+    if not match:
+        return bus_id.strip().lower()
+    domain, bus, dev, fn = match.groups()
+    return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn, 16)}"
+
+
+def gpus_from_csv(text: str) -> list[dict[str, Any]]:
+    gpus = []
+    for row in parse_csv(text, GPU_FIELDS, free_field="name"):
+        persistence = row["persistence_mode"]
+        gpus.append(
+            {
+                "index": _int(row["index"]),
+                "uuid": row["uuid"],
+                "name": row["name"],
+                "pci_bus_id": row["pci.bus_id"],
+                "bus_id": normalize_bus_id(row["pci.bus_id"]),
+                "driver_version": row["driver_version"],
+                "compute_cap": row["compute_cap"],
+                "memory_used_mib": _int(row["memory.used"]),
+                "memory_total_mib": _int(row["memory.total"]),
+                "utilization_gpu_pct": _int(row["utilization.gpu"]),
+                "persistence_mode": None if persistence is None else persistence.lower() == "enabled",
+            }
+        )
+    return gpus
+
+
+def apps_from_csv(text: str) -> list[dict[str, Any]]:
+    apps = []
+    for row in parse_csv(text, APP_FIELDS, free_field="process_name"):
+        apps.append(
+            {
+                "pid": _int(row["pid"]),
+                "name": row["process_name"],
+                "used_mib": _int(row["used_gpu_memory"]),
+                "gpu_uuid": row["gpu_uuid"],
+                "bus_id": normalize_bus_id(row["gpu_bus_id"]),
+            }
+        )
+    return apps
+
+
+def parse_information(text: str) -> dict[str, str]:
+    """``/proc/driver/nvidia/gpus/<bus id>/information``: ``Key:  value`` lines."""
+    info = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            info[key.strip()] = value.strip()
+    return info
+
+
+def read_driver_gpus(driver_proc_dir: str) -> dict[str, dict[str, Any]]:
+    """Bus id -> {minor, uuid, model} from the driver's /proc files ({} when the driver is not loaded)."""
+    gpus_dir = os.path.join(driver_proc_dir, "gpus")
+    result: dict[str, dict[str, Any]] = {}
+    try:
+        entries = sorted(os.listdir(gpus_dir))
+    except OSError:
+        return result
+    for entry in entries:
+        try:
+            with open(os.path.join(gpus_dir, entry, "information"), encoding="utf-8") as handle:
+                info = parse_information(handle.read())
+        except OSError:
+            continue
+        bus_id = normalize_bus_id(info.get("Bus Location") or entry)
+        if bus_id is None:
+            continue
+        result[bus_id] = {
+            "minor": _int(info.get("Device Minor")),
+            "uuid": info.get("GPU UUID"),
+            "model": info.get("Model"),
+        }
+    return result
+
+
+def driver_loaded(driver_proc_dir: str) -> bool:
+    return os.path.exists(os.path.join(driver_proc_dir, "version")) or os.path.isdir(
+        os.path.join(driver_proc_dir, "gpus")
+    )
+
+
+def subprocess_runner(argv: Sequence[str]) -> tuple[int, str, str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=60)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def resolve_nvidia_smi(nvidia_smi: str) -> str | None:
+    if os.sep in nvidia_smi:
+        return nvidia_smi if os.access(nvidia_smi, os.X_OK) else None
+    return shutil.which(nvidia_smi, path=os.environ.get("PATH", os.defpath) + ":/usr/bin:/usr/local/nvidia/bin")
+
+
+def run_query(nvidia_smi: str, args: Sequence[str], runner: Runner = subprocess_runner) -> str:
+    try:
+        rc, out, err = runner([nvidia_smi, *args])
+    except FileNotFoundError as exc:
+        raise NvidiaError("missing_tool", f"nvidia-smi not runnable at {nvidia_smi}: {exc}") from exc
+    if rc != 0:
+        text = (err or "") + (out or "")
+        if _NO_DRIVER_RE.search(text):
+            raise NvidiaError("no_driver", f"nvidia-smi cannot reach the NVIDIA driver (rc={rc}): {text.strip()}")
+        raise NvidiaError("failed", f"{nvidia_smi} {' '.join(args)} failed (rc={rc}): {text.strip()}")
+    return out
+
+
+def query(nvidia_smi: str, runner: Runner = subprocess_runner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(gpus, compute apps) from two nvidia-smi calls."""
+    gpus = gpus_from_csv(run_query(nvidia_smi, QUERY_GPU_ARGS, runner))
+    apps = apps_from_csv(run_query(nvidia_smi, QUERY_APPS_ARGS, runner))
+    return gpus, apps
+
+
+def attach_minors(gpus: list[dict[str, Any]], driver_gpus: dict[str, dict[str, Any]]) -> None:
+    """Add ``minor`` (the N of /dev/nvidiaN) and where it came from to each GPU fact, in place."""
+    for gpu in gpus:
+        known = driver_gpus.get(gpu["bus_id"] or "")
+        if known and known["minor"] is not None:
+            gpu["minor"] = known["minor"]
+            gpu["minor_source"] = "driver"
+        else:
+            gpu["minor"] = None
+            gpu["minor_source"] = "unknown"
+
+
+def attach_processes(gpus: list[dict[str, Any]], apps: list[dict[str, Any]]) -> None:
+    """Add ``processes`` (pid, name, used_mib) to each GPU, matched by uuid, else by bus id."""
+    for gpu in gpus:
+        gpu["processes"] = [
+            {"pid": app["pid"], "name": app["name"], "used_mib": app["used_mib"]}
+            for app in apps
+            if (app["gpu_uuid"] and app["gpu_uuid"] == gpu["uuid"])
+            or (not app["gpu_uuid"] and app["bus_id"] and app["bus_id"] == gpu["bus_id"])
+        ]
+
+
+def gather(
+    nvidia_smi: str = "nvidia-smi",
+    driver_proc_dir: str = "/proc/driver/nvidia",
+    runner: Runner = subprocess_runner,
+) -> dict[str, Any]:
+    """All GPU facts of this host. Raises NvidiaError naming whether the tool or the driver is missing."""
+    loaded = driver_loaded(driver_proc_dir)
+    tool = resolve_nvidia_smi(nvidia_smi)
+    if tool is None:
+        state = "is loaded" if loaded else f"is not loaded either ({driver_proc_dir} absent)"
+        raise NvidiaError("missing_tool", f"nvidia-smi not found ({nvidia_smi}); the NVIDIA kernel driver {state}")
+    gpus, apps = query(tool, runner)
+    attach_minors(gpus, read_driver_gpus(driver_proc_dir))
+    attach_processes(gpus, apps)
+    driver_versions = sorted({g["driver_version"] for g in gpus if g["driver_version"]})
+    return {
+        "driver_loaded": True,
+        "nvidia_smi": tool,
+        "driver_version": driver_versions[0] if len(driver_versions) == 1 else None,
+        "gpu_count": len(gpus),
+        "gpus": gpus,
+        "processes": apps,
+    }

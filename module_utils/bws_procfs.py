@@ -1,0 +1,291 @@
+# Copyright: the blackwell-llm-serving authors
+# SPDX-License-Identifier: Apache-2.0
+"""Reading /proc and cgroup files (standard library only: runs on the target).
+
+Every reader tolerates a process that exits while it is being read: it returns what it could read (or
+None) instead of raising, because on a busy host that is the normal case, not an error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# A Python interpreter as argv[0]: python, python3, python3.12, python3.12t, pypy3 ...
+_PYTHON_RE = re.compile(r"^(python|pypy)(\d+(\.\d+)*t?)?$")
+# Interpreter options that take no value and options that take one (python3 --help).
+_PY_FLAGS = {"-b", "-bb", "-B", "-d", "-E", "-i", "-I", "-O", "-OO", "-P", "-q", "-s", "-S", "-u", "-v", "-x"}
+_PY_FLAGS_WITH_VALUE = {"-W", "-X"}
+
+
+@dataclass
+class Proc:
+    """One process as read from /proc at one moment."""
+
+    pid: int
+    ppid: int
+    starttime: int
+    state: str
+    uid: int | None
+    comm: str
+    argv: list[str]
+    fds: list[str] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
+
+    @property
+    def cmd(self) -> str:
+        return " ".join(self.argv) if self.argv else f"[{self.comm}]"
+
+    def brief(self) -> dict[str, Any]:
+        return {"pid": self.pid, "ppid": self.ppid, "cmd": self.cmd[:300], "comm": self.comm}
+
+
+def _read(path: str, binary: bool = False) -> Any:
+    try:
+        with open(path, "rb" if binary else "r", **({} if binary else {"encoding": "utf-8", "errors": "replace"})) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def list_pids(proc_root: str = "/proc") -> list[int]:
+    try:
+        return sorted(int(name) for name in os.listdir(proc_root) if name.isdigit())
+    except OSError:
+        return []
+
+
+def parse_stat(text: str) -> tuple[str, int, int] | None:
+    """(state, ppid, starttime) from /proc/<pid>/stat; comm may hold spaces and ')': split at the last ')'."""
+    _, sep, rest = text.rpartition(")")
+    if not sep:
+        return None
+    fields = rest.split()
+    if len(fields) < 20:
+        return None
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def parse_cmdline(raw: bytes) -> list[str]:
+    """argv from /proc/<pid>/cmdline. A title set with setproctitle may be one string padded with NULs."""
+    args = raw.decode("utf-8", "replace").split("\0")
+    while args and args[-1] == "":
+        args.pop()
+    return [a.rstrip() if i == 0 else a for i, a in enumerate(args)]
+
+
+def parse_uid(status_text: str) -> int | None:
+    for line in status_text.splitlines():
+        if line.startswith("Uid:"):
+            parts = line.split()
+            return int(parts[1]) if len(parts) > 1 else None
+    return None
+
+
+def parse_cgroup_file(text: str) -> list[str]:
+    """Cgroup paths from /proc/<pid>/cgroup: v1 (``4:memory:/x``, ``1:name=systemd:/x``), v2 (``0::/x``)."""
+    paths = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[2]:
+            paths.append(parts[2])
+    return paths
+
+
+def cgroup_in_unit(path: str, unit: str) -> bool:
+    """True when a cgroup path is the unit's cgroup or below it (``/system.slice/sglang.service/payload``)."""
+    return unit in path.strip("/").split("/")
+
+
+def read_fds(pid: int, proc_root: str = "/proc") -> list[str]:
+    fd_dir = f"{proc_root}/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return []
+    targets = []
+    for name in names:
+        try:
+            targets.append(os.readlink(f"{fd_dir}/{name}"))
+        except OSError:
+            continue
+    return targets
+
+
+def read_mapped_paths(pid: int, proc_root: str = "/proc") -> set[str]:
+    """File paths mapped into a process (the 6th column of /proc/<pid>/maps, " (deleted)" stripped)."""
+    text = _read(f"{proc_root}/{pid}/maps")
+    paths: set[str] = set()
+    if not text:
+        return paths
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            path = parts[5]
+            if path.endswith(" (deleted)"):
+                path = path[: -len(" (deleted)")]
+            paths.add(path)
+    return paths
+
+
+def read_proc(pid: int, proc_root: str = "/proc", with_fds: bool = True) -> Proc | None:
+    stat_text = _read(f"{proc_root}/{pid}/stat")
+    stat = parse_stat(stat_text) if stat_text else None
+    if stat is None:
+        return None
+    state, ppid, starttime = stat
+    raw = _read(f"{proc_root}/{pid}/cmdline", binary=True)
+    comm = (_read(f"{proc_root}/{pid}/comm") or "").strip()
+    status_text = _read(f"{proc_root}/{pid}/status") or ""
+    return Proc(
+        pid=pid,
+        ppid=ppid,
+        starttime=starttime,
+        state=state,
+        uid=parse_uid(status_text),
+        comm=comm,
+        argv=parse_cmdline(raw) if raw else [],
+        fds=read_fds(pid, proc_root) if with_fds else [],
+        cgroups=parse_cgroup_file(_read(f"{proc_root}/{pid}/cgroup") or ""),
+    )
+
+
+def snapshot(proc_root: str = "/proc") -> dict[int, Proc]:
+    procs = {}
+    for pid in list_pids(proc_root):
+        proc = read_proc(pid, proc_root)
+        if proc is not None:
+            procs[pid] = proc
+    return procs
+
+
+def is_alive(pid: int, starttime: int, proc_root: str = "/proc") -> bool:
+    """The same process (pid and start time) still exists and has not finished exiting.
+
+    A zombie has exited, but a multi-threaded process (every CUDA process) shows its main thread as a
+    zombie while its other threads still tear down and still hold its files: it counts as alive until
+    no other thread is left in /proc/<pid>/task.
+    """
+    text = _read(f"{proc_root}/{pid}/stat")
+    stat = parse_stat(text) if text else None
+    if stat is None or stat[2] != starttime:
+        return False
+    if stat[0] not in ("Z", "X", "x"):
+        return True
+    try:
+        return any(tid != str(pid) for tid in os.listdir(f"{proc_root}/{pid}/task"))
+    except OSError:
+        return False
+
+
+def ancestors(pid: int, procs: dict[int, Proc]) -> set[int]:
+    seen: set[int] = set()
+    current = procs.get(pid)
+    while current is not None and current.ppid > 0 and current.ppid not in seen:
+        seen.add(current.ppid)
+        current = procs.get(current.ppid)
+    return seen
+
+
+def descendants(roots: set[int], procs: dict[int, Proc]) -> dict[int, int]:
+    """Descendant pid -> the root it descends from."""
+    children: dict[int, list[int]] = {}
+    for proc in procs.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    found: dict[int, int] = {}
+    for root in roots:
+        stack = list(children.get(root, []))
+        while stack:
+            pid = stack.pop()
+            if pid in found or pid in roots:
+                continue
+            found[pid] = root
+            stack.extend(children.get(pid, []))
+    return found
+
+
+def unit_cgroup_pids(cgroup_root: str, cgroup_path: str) -> set[int]:
+    """PIDs in a unit's cgroup and its sub-cgroups, v2 (unified) and v1 (name=systemd) layouts."""
+    pids: set[int] = set()
+    rel = cgroup_path.strip("/")
+    if not rel:
+        return pids
+    for base in (cgroup_root, os.path.join(cgroup_root, "unified"), os.path.join(cgroup_root, "systemd")):
+        top = os.path.join(base, rel)
+        for dirpath, _dirs, files in os.walk(top):
+            if "cgroup.procs" in files:
+                text = _read(os.path.join(dirpath, "cgroup.procs")) or ""
+                pids.update(int(x) for x in text.split() if x.isdigit())
+    return pids
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """What engine patterns are matched against; see ``identity()``."""
+
+    title: str
+    prog: str
+    arg: str
+
+
+def identity(argv: list[str]) -> ProcessIdentity | None:
+    """The (title, program, first argument) of a command line.
+
+    * ``title`` is argv[0] as written (a process title such as ``sglang::scheduler_TP0``).
+    * ``prog`` is the basename of argv[0], unless argv[0] is a Python interpreter: then the interpreter's own
+      options are skipped and ``prog`` is the module of ``-m MODULE`` or the basename of the script.
+    * ``arg`` is the argument right after ``prog`` ('' when none).
+
+    ``python3 -m sglang.launch_server --x`` -> ('python3', 'sglang.launch_server', '--x');
+    ``/opt/sglang/bin/sglang serve`` -> ('/opt/sglang/bin/sglang', 'sglang', 'serve');
+    ``/v/bin/python3 /v/bin/vllm serve m`` -> ('/v/bin/python3', 'vllm', 'serve').
+    """
+    if not argv or not argv[0]:
+        return None
+    title = argv[0]
+    base = os.path.basename(title)
+    rest = argv[1:]
+    if _PYTHON_RE.match(base):
+        i = 0
+        while i < len(rest):
+            opt = rest[i]
+            if opt in _PY_FLAGS:
+                i += 1
+            elif opt in _PY_FLAGS_WITH_VALUE:
+                i += 2
+            elif opt == "-m" and i + 1 < len(rest):
+                return ProcessIdentity(title, rest[i + 1], rest[i + 2] if i + 2 < len(rest) else "")
+            elif opt == "-c":
+                return ProcessIdentity(title, base, "-c")
+            elif not opt.startswith("-"):
+                return ProcessIdentity(title, os.path.basename(opt), rest[i + 1] if i + 1 < len(rest) else "")
+            else:
+                break
+        return ProcessIdentity(title, base, rest[0] if rest else "")
+    return ProcessIdentity(title, base, rest[0] if rest else "")
+
+
+def match_pattern(ident: ProcessIdentity, pattern: str) -> bool:
+    """Match one engine pattern (shell wildcards, case-sensitive).
+
+    ``PROG ARG`` (one space) matches ``prog`` and ``arg``; a single word matches the process title or
+    ``prog``. The rest of the command line is never looked at, so ``journalctl -u sglang`` or
+    ``grep sglang::`` match nothing.
+    """
+    head, sep, tail = pattern.strip().partition(" ")
+    if sep:
+        return fnmatch.fnmatchcase(ident.prog, head) and fnmatch.fnmatchcase(ident.arg, tail.strip())
+    return fnmatch.fnmatchcase(ident.title, head) or fnmatch.fnmatchcase(ident.prog, head)
+
+
+def first_matching_pattern(argv: list[str], patterns: list[str]) -> str | None:
+    ident = identity(argv)
+    if ident is None:
+        return None
+    for pattern in patterns:
+        if match_pattern(ident, pattern):
+            return pattern
+    return None

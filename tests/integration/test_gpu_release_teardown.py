@@ -1,0 +1,150 @@
+"""teardown.yml through ansible-runner against real processes holding stand-in GPU device files.
+
+Each test re-runs itself in a new PID namespace (gpu_helpers.in_new_pid_namespace), so only processes it
+started can be seen or signalled. The GPUs are simulated by tests/doubles/nvidia_smi_double.py over stand-in
+device files of the constructed 8-GPU host (device minor != index).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from gpu_helpers import (
+    Sim,
+    alive,
+    changed_count,
+    in_new_pid_namespace,
+    release_result,
+    run_playbook,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sim(tmp_path):
+    s = Sim(tmp_path)
+    yield s
+    s.stop_all()
+
+
+@in_new_pid_namespace
+def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_path):
+    shm = sim.shm
+    for name in ["nccl-stale1", "psm_open", "sem.mp-mapped", "torch_1_2_3", "psm_engine", "unrelated-file"]:
+        (shm / name).write_bytes(b"\0" * 4096)
+
+    # Engine processes
+    (tp0,) = sim.spawn(
+        ["sglang::scheduler_TP0"],
+        {"open": [*sim.compute_files(0), str(shm / "psm_engine")]},
+        sim.mem(g0=40960),
+    )
+    (tp1,) = sim.spawn(
+        ["sglang::scheduler_TP1"], {"open": sim.compute_files(1), "ignore_term": True}, sim.mem(g1=40960)
+    )
+    launcher, launcher_child = sim.spawn(
+        ["python3", "-m", "sglang.launch_server", "--model-path", "/models/x"],
+        {
+            "open": sim.compute_files(2),
+            "child": {"argv": ["python3", "tokenizer_worker.py"], "open": sim.compute_files(3)},
+        },
+        sim.mem(g2=1024, g3=30720),
+    )
+    (all8,) = sim.spawn(["VLLM::EngineCore"], {"open": sim.compute_files(*range(8))}, sim.mem(g5=512))
+    # Bystanders
+    (persistenced,) = sim.spawn(
+        ["nvidia-persistenced", "--user", "nvidia-persistenced"],
+        {"open": [str(sim.dev / "nvidiactl"), sim.gpu_file(0)]},
+    )
+    # An NVML client opens nvidia-uvm too (driver 580): only nvidia-smi's compute-app list tells it apart.
+    (monitor,) = sim.spawn(
+        ["python3", "gpu_exporter.py"],
+        {"open": [*sim.compute_files(), *(sim.gpu_file(i) for i in range(8))]},
+        {"NVSIM_NVML_ONLY": "1"},
+    )
+    (foreign,) = sim.spawn(
+        ["python3", "train.py"], {"open": [*sim.compute_files(6), str(shm / "psm_open")]}, sim.mem(g6=2048)
+    )
+    (mapper,) = sim.spawn(["python3", "shm_reader.py"], {"map": [str(shm / "sem.mp-mapped")]})
+    (journal,) = sim.spawn(["journalctl", "-u", "sglang.service", "sglang::scheduler_TP0"], {})
+    engines = [tp0, tp1, launcher, launcher_child, all8]
+    bystanders = [persistenced, monitor, foreign, mapper, journal]
+
+    # 1. --check: says what it would do, touches nothing
+    runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1), check=True)
+    assert runner.rc == 0, runner.stdout.read()
+    res = release_result(results)
+    assert set(res["signalled"]["TERM"]) == set(engines)
+    assert all(alive(p) for p in engines + bystanders)
+    assert sorted(os.listdir(shm)) == sorted(
+        ["nccl-stale1", "psm_open", "sem.mp-mapped", "torch_1_2_3", "psm_engine", "unrelated-file"]
+    )
+    assert sorted(os.path.basename(p) for p in res["shm"]["would_remove"]) == [
+        "nccl-stale1",
+        "psm_engine",
+        "torch_1_2_3",
+    ]
+
+    # 2. the real run
+    runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1))
+    assert runner.rc == 0, runner.stdout.read()
+    res = release_result(results)
+    assert not any(alive(p) for p in engines), [p for p in engines if alive(p)]
+    assert all(alive(p) for p in bystanders), [p for p in bystanders if not alive(p)]
+    targets = {t["pid"]: t for t in res["targets"]}
+    assert set(targets) == set(engines)
+    assert targets[tp1]["signals"] == ["TERM", "KILL"]
+    assert targets[tp0]["signals"] == ["TERM"] and targets[tp0]["exit_s"] < 0.5
+    assert targets[launcher_child]["reason"] == f"descendant of {launcher}"
+    assert targets[all8]["gpus"] == list(range(8))
+    assert targets[tp1]["exit_s"] >= 1.0  # killed only after the grace
+
+    gpus = {g["index"]: g for g in res["gpus"]}
+    assert gpus[5]["memory_used_before_mib"] == 512 and gpus[5]["memory_used_after_mib"] == 0
+    assert [h["used_mib"] for h in gpus[5]["holders"] if h["pid"] == all8] == [512]
+    assert [h["used_mib"] for h in gpus[4]["holders"] if h["pid"] == all8] == [None]  # holds the file, no memory
+    assert gpus[0]["minor"] == 2 and gpus[0]["freed_mib"] == 40960
+    for index in (0, 1, 2, 3, 4, 5, 7):
+        assert gpus[index]["clean"] is True and gpus[index]["memory_used_after_mib"] == 0
+    assert gpus[6]["clean"] is False and gpus[6]["memory_used_after_mib"] == 2048
+    assert [f["pid"] for f in res["foreign_holders"]] == [foreign]
+    assert res["foreign_holders"][0]["gpus"] == [6]
+    spared = {s["pid"]: s["reason"] for s in res["spared"]}
+    assert spared[persistenced].startswith("protected daemon (nvidia-persistenced)")
+    assert spared[monitor].startswith("NVML-only GPU holder")
+
+    assert sorted(os.listdir(shm)) == ["psm_open", "sem.mp-mapped", "unrelated-file"]
+    kept = {os.path.basename(k["path"]): k["reason"] for k in res["shm"]["kept"]}
+    assert kept == {
+        "psm_open": f"open or mapped by PIDs {foreign}",
+        "sem.mp-mapped": f"open or mapped by PIDs {mapper}",
+    }
+
+    summary = results["Teardown | summary"]["msg"]
+    assert summary[0].startswith("no systemd on this host") or summary[0].startswith("unit ")
+    assert any(line.startswith("foreign GPU holder (not touched)") and str(foreign) in line for line in summary)
+    assert any(line.startswith("GPU 6 (minor 4)") and "NOT clean" in line for line in summary)
+
+    # 3. again: nothing left to do
+    runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1))
+    assert runner.rc == 0
+    assert changed_count(runner) == 0, results
+    assert release_result(results)["targets"] == []
+
+
+@in_new_pid_namespace
+def test_teardown_without_nvidia_driver_still_releases_and_says_so(sim, tmp_path):
+    sim.write_config("no_driver")
+    (shm_file := sim.shm / "nccl-x").write_bytes(b"x")
+    (engine,) = sim.spawn(["VLLM::Worker_TP0"], {"open": sim.compute_files(0)})
+    extravars = sim.extravars(gpu_release_grace_s=1, gpu_release_driver_proc_dir=str(tmp_path / "no-driver"))
+    runner, results = run_playbook(tmp_path, extravars)
+    assert runner.rc == 0, runner.stdout.read()
+    res = release_result(results)
+    assert not alive(engine), res["spared"]
+    assert not shm_file.exists()
+    assert res["gpu_verification"] == "skipped" and res["driver_loaded"] is False
+    summary = results["Teardown | summary"]["msg"]
+    assert any(line.startswith("no NVIDIA driver on this host: GPU verification skipped") for line in summary)

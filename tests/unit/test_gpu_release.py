@@ -1,0 +1,388 @@
+"""gpu_release selection rules, /proc and cgroup parsing, /dev/shm rules, and main() in check mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ansible.module_utils
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "library"))
+
+import gpu_release  # noqa: E402
+from ansible.module_utils import bws_procfs as pf  # noqa: E402
+from ansible.module_utils.testing import patch_module_args  # noqa: E402
+
+RTX8 = REPO / "tests" / "fixtures" / "nvidia-smi" / "rtxpro6000-8gpu-constructed"
+DEFAULT_PATTERNS = gpu_release.ARGUMENT_SPEC["patterns"]["default"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "pattern"),
+    [
+        (["sglang::scheduler_TP0"], "sglang::*"),
+        (["sglang::detokenizer"], "sglang::*"),
+        (["VLLM::EngineCore"], "VLLM::*"),
+        (["VLLM::Worker_TP3"], "VLLM::*"),
+        (["python3", "-m", "sglang.launch_server", "--model-path", "m"], "sglang.launch_server"),
+        (["/usr/bin/python3.12", "-u", "-X", "dev", "-m", "sglang.launch_server"], "sglang.launch_server"),
+        (["/opt/sglang/bin/sglang", "serve", "--config", "c.yaml"], "sglang serve"),
+        (
+            ["/opt/sglang/bin/python3", "/opt/sglang/bin/sglang", "serve", "--config", "c.yaml"],
+            "sglang serve",
+        ),
+        (["/opt/vllm/bin/vllm", "serve", "moonshotai/Kimi-K2.5"], "vllm serve"),
+        (["python3", "-m", "vllm.entrypoints.openai.api_server"], "vllm.entrypoints.openai.api_server"),
+    ],
+)
+def test_engine_processes_match(argv, pattern):
+    assert pf.first_matching_pattern(argv, DEFAULT_PATTERNS) == pattern
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["journalctl", "-u", "sglang"],
+        ["journalctl", "-u", "sglang.service", "-f"],
+        ["grep", "sglang::"],
+        ["vim", "sglang.launch_server.py"],
+        ["python3", "-c", "import sglang.launch_server"],
+        ["python3", "tail_sglang_serve.py", "sglang serve"],
+        ["/usr/bin/sglang", "version"],
+        ["/opt/vllm/bin/vllm", "bench", "serve"],
+        ["ssh", "gpu01", "vllm serve"],
+        ["bash", "-c", "sglang serve --config x"],
+        ["nvidia-persistenced", "--user", "nvidia-persistenced"],
+        [],
+    ],
+)
+def test_bystanders_never_match(argv):
+    assert pf.first_matching_pattern(argv, DEFAULT_PATTERNS) is None
+
+
+def test_identity_rules():
+    assert pf.identity(["python3", "-m", "sglang.launch_server"]) == pf.ProcessIdentity(
+        "python3", "sglang.launch_server", ""
+    )
+    assert pf.identity(["/opt/sglang/bin/sglang", "serve"]).prog == "sglang"
+    assert pf.identity(["/v/bin/python3", "/v/bin/vllm", "serve", "m"]) == pf.ProcessIdentity(
+        "/v/bin/python3", "vllm", "serve"
+    )
+
+
+def test_stat_with_spaces_and_parens_in_comm():
+    text = "4242 (sglang::sch (x) y) S 4000 4242 4000 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 987654 1 1 1"
+    assert pf.parse_stat(text) == ("S", 4000, 987654)
+
+
+def test_cmdline_with_process_title_padding():
+    assert pf.parse_cmdline(b"sglang::scheduler_TP0   \0\0\0\0") == ["sglang::scheduler_TP0"]
+    assert pf.parse_cmdline(b"python3\0-m\0sglang.launch_server\0") == [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+    ]
+
+
+def test_cgroup_v1_and_v2_lines():
+    v2 = "0::/system.slice/sglang.service\n"
+    v1 = "12:memory:/system.slice/vllm.service\n1:name=systemd:/system.slice/vllm.service/payload\n0::/\n"
+    assert pf.parse_cgroup_file(v2) == ["/system.slice/sglang.service"]
+    assert pf.parse_cgroup_file(v1) == [
+        "/system.slice/vllm.service",
+        "/system.slice/vllm.service/payload",
+        "/",
+    ]
+    assert pf.cgroup_in_unit("/system.slice/vllm.service/payload", "vllm.service")
+    assert not pf.cgroup_in_unit("/system.slice/vllm.service-helper.service", "vllm.service")
+    assert not pf.cgroup_in_unit("/user.slice/user-0.slice/session-1.scope", "sglang.service")
+
+
+def test_unit_cgroup_pids_v2_and_v1_layouts(tmp_path):
+    v2 = tmp_path / "v2" / "system.slice" / "sglang.service"
+    (v2 / "sub").mkdir(parents=True)
+    (v2 / "cgroup.procs").write_text("10\n11\n")
+    (v2 / "sub" / "cgroup.procs").write_text("12\n")
+    assert pf.unit_cgroup_pids(str(tmp_path / "v2"), "/system.slice/sglang.service") == {10, 11, 12}
+    v1 = tmp_path / "v1" / "systemd" / "system.slice" / "vllm.service"
+    v1.mkdir(parents=True)
+    (v1 / "cgroup.procs").write_text("20\n")
+    assert pf.unit_cgroup_pids(str(tmp_path / "v1"), "/system.slice/vllm.service") == {20}
+    assert pf.unit_cgroup_pids(str(tmp_path / "v1"), "") == set()
+
+
+def proc(pid, ppid, argv, *, fds=(), comm=None, cgroups=()):
+    return pf.Proc(
+        pid,
+        ppid,
+        1000 + pid,
+        "S",
+        0,
+        comm or os.path.basename(argv[0])[:15] if argv else "",
+        list(argv),
+        list(fds),
+        list(cgroups),
+    )
+
+
+def test_descendants_and_ancestors():
+    procs = {p.pid: p for p in [proc(1, 0, ["init"]), proc(10, 1, ["a"]), proc(11, 10, ["b"]), proc(12, 11, ["c"])]}
+    assert pf.descendants({10}, procs) == {11: 10, 12: 10}
+    assert pf.ancestors(12, procs) == {11, 10, 1}
+
+
+def test_device_files_tell_compute_from_monitor():
+    compute = proc(5, 1, ["x"], fds=["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/null"])
+    monitor = proc(6, 1, ["y"], fds=["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"])
+    other = proc(7, 1, ["z"], fds=["/dev/null"])
+    assert gpu_release.device_files(compute, "/dev") == ({3}, True, True)
+    assert gpu_release.device_files(monitor, "/dev") == ({0, 1}, False, True)
+    assert gpu_release.device_files(other, "/dev") == (set(), False, False)
+
+
+class FakeModule:
+    check_mode = True
+
+    def run_command(self, argv):
+        return 1, "", "no systemd here"
+
+
+def selection_params(**over):
+    params = {k: v.get("default") for k, v in gpu_release.ARGUMENT_SPEC.items()}
+    params.update(over)
+    return params
+
+
+def test_selection_spares_self_ancestors_and_protected(monkeypatch):
+    me = os.getpid()
+    procs = {
+        1: proc(1, 0, ["/sbin/init"]),
+        50: proc(50, 1, ["sglang::caller"]),  # an ancestor that happens to look like an engine
+        me: proc(me, 50, ["python3", "-m", "pytest"]),
+        100: proc(100, 1, ["/opt/sglang/bin/sglang", "serve"], cgroups=["/system.slice/sglang.service"]),
+        101: proc(101, 100, ["sglang::scheduler_TP0"]),
+        102: proc(102, 101, ["python3", "-c", "child"]),  # descendant, matched through its parent
+        103: proc(103, 100, ["nvidia-persistenced"]),  # protected even as a descendant
+        200: proc(200, 1, ["python3", "train.py"], cgroups=["/system.slice/sglang.service"]),  # unit member
+        300: proc(300, 1, ["journalctl", "-u", "sglang.service"]),
+        400: proc(400, 1, ["my-monitor"], comm="my-monitor"),
+    }
+    targets, spared = gpu_release.select(
+        selection_params(units=["sglang.service"], extra_protected=["my-*"]), FakeModule(), procs
+    )
+    assert set(targets) == {100, 101, 102, 200}
+    assert targets[102] == "descendant of 101"
+    assert "member of sglang.service" in targets[200]
+    reasons = {s["pid"]: s["reason"] for s in spared}
+    assert set(reasons) == {50, 103, me}  # the module descends from a look-alike: still spared
+    assert reasons[me].startswith("this module itself")
+    assert reasons[50].startswith("ancestor of this module")
+    assert reasons[103].startswith("protected daemon (nvidia-persistenced)")
+
+
+def make_params(tmp_path, **over):
+    return selection_params(shm_dir=str(tmp_path), **over)
+
+
+def test_shm_removes_only_stale_engine_entries(tmp_path):
+    for name in ["nccl-AbC123", "psm_1f2e", "sem.mp-xyz", "torch_1_2_3", "keep-me", "psm_open", "psm_mapped"]:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "nccl-dir").mkdir()
+    procs = {
+        7: proc(7, 1, ["holder"], fds=[str(tmp_path / "psm_open")]),
+        8: proc(8, 1, ["deleted"], fds=[str(tmp_path / "nccl-gone") + " (deleted)"]),
+    }
+    real_maps = pf.read_mapped_paths
+    gpu_release.read_mapped_paths = lambda pid: {str(tmp_path / "psm_mapped")} if pid == 8 else real_maps(pid)
+    try:
+        result = gpu_release.clean_shm(make_params(tmp_path), procs, False, set())
+    finally:
+        gpu_release.read_mapped_paths = real_maps
+    removed = sorted(os.path.basename(p) for p in result["removed"])
+    assert removed == ["nccl-AbC123", "psm_1f2e", "sem.mp-xyz", "torch_1_2_3"]
+    kept = {os.path.basename(k["path"]): k["reason"] for k in result["kept"]}
+    assert kept == {
+        "nccl-dir": "not a regular file",
+        "psm_mapped": "open or mapped by PIDs 8",
+        "psm_open": "open or mapped by PIDs 7",
+    }
+    assert sorted(os.listdir(tmp_path)) == ["keep-me", "nccl-dir", "psm_mapped", "psm_open"]
+
+
+def test_shm_owner_and_check_mode(tmp_path):
+    (tmp_path / "psm_a").write_bytes(b"x")
+    (tmp_path / "psm_b").write_bytes(b"x")
+    os.chown(tmp_path / "psm_b", 4321, 4321) if os.geteuid() == 0 else None
+    procs = {9: proc(9, 1, ["sglang::x"], fds=[str(tmp_path / "psm_a")])}
+    result = gpu_release.clean_shm(make_params(tmp_path, shm_owner=str(os.geteuid())), procs, True, {9})
+    assert result["removed"] == []
+    assert result["would_remove"] == [str(tmp_path / "psm_a")]  # held only by a target that would be gone
+    if os.geteuid() == 0:
+        assert result["kept"] == [{"path": str(tmp_path / "psm_b"), "reason": f"owned by uid 4321, not {os.geteuid()}"}]
+    assert sorted(os.listdir(tmp_path)) == ["psm_a", "psm_b"]
+
+
+def test_unknown_shm_owner_is_a_clear_error():
+    with pytest.raises(gpu_release.ReleaseError, match="not a user"):
+        gpu_release.resolve_owner("no-such-user-xyz")
+
+
+def test_gpu_table_maps_device_minor_not_index():
+    from ansible.module_utils import bws_nvidia as nv
+
+    gpus = nv.gpus_from_csv((RTX8 / "query-gpu-busy.csv").read_text())
+    nv.attach_minors(gpus, nv.read_driver_gpus(str(RTX8 / "proc-driver-nvidia")))
+    table = gpu_release.gpu_table(gpus, {}, "/dev", [])
+    assert table[0]["index"] == 2 and table[2]["index"] == 0 and table[7]["index"] == 5
+    only = gpu_release.gpu_table(gpus, {}, "/dev", ["3", "GPU-5a1c0b0e-7d2f-4c1a-9b3e-00c4d5e6f7a8"])
+    assert sorted(e["index"] for e in only.values()) == [0, 3]
+
+
+# ---------------------------------------------------------------- main() in check mode (nothing is signalled)
+
+
+def sim(tmp_path: Path, mode: str = "ok") -> dict:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in [*(f"nvidia{i}" for i in range(8)), "nvidiactl", "nvidia-uvm"]:
+        (dev / name).write_bytes(b"")
+    lines = (RTX8 / "query-gpu-idle.csv").read_text().splitlines()
+    minors = [2, 3, 0, 1, 6, 7, 4, 5]
+    gpus = []
+    for i, line in enumerate(lines):
+        parts = line.split(", ")
+        gpus.append(
+            {
+                "index": i,
+                "minor": minors[i],
+                "uuid": parts[1],
+                "name": parts[2],
+                "pci_bus_id": parts[3],
+                "compute_cap": "12.0",
+                "memory_total_mib": 97887,
+            }
+        )
+    config = tmp_path / "sim.json"
+    config.write_text(json.dumps({"dev_dir": str(dev), "driver_version": "580.105.08", "mode": mode, "gpus": gpus}))
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" "{REPO}/tests/doubles/nvidia_smi_double.py" --config "{config}" "$@"\n'
+    )
+    smi.chmod(0o755)
+    return {
+        "nvidia_smi": str(smi),
+        "driver_proc_dir": str(RTX8 / "proc-driver-nvidia"),
+        "dev_dir": str(dev),
+        "shm_dir": str(tmp_path / "shm"),
+    }
+
+
+def run_main(args, capsys, check=True):
+    with patch_module_args({**args, "_ansible_check_mode": check}), pytest.raises(SystemExit) as exc:
+        gpu_release.main()
+    return exc.value.code, json.loads(capsys.readouterr().out)
+
+
+def test_main_check_mode_reports_and_touches_nothing(tmp_path, capsys):
+    args = sim(tmp_path)
+    (tmp_path / "shm").mkdir()
+    (tmp_path / "shm" / "psm_stale").write_bytes(b"x")
+    dev = tmp_path / "dev"
+    code = (
+        f"import time; fs=[open('{dev}/nvidia0'), open('{dev}/nvidia-uvm')]; print('ready', flush=True); time.sleep(60)"
+    )
+    p = subprocess.Popen(
+        ["sglang::scheduler_TP0", "-c", code],
+        executable=sys.executable,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "NVSIM_MEM_MIB": "0:2048"},
+    )
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        rc, out = run_main(args, capsys)
+        assert p.poll() is None, "check mode must not signal"
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == 0
+    assert out["changed"] is True and out["check_mode"] is True
+    assert p.pid in out["signalled"]["TERM"] and out["signalled"]["KILL"] == []
+    (target,) = [t for t in out["targets"] if t["pid"] == p.pid]
+    assert target["gpus"] == [2] and target["reason"] == "matches engine pattern 'sglang::*'"
+    gpu2 = next(g for g in out["gpus"] if g["index"] == 2)
+    assert gpu2["memory_used_before_mib"] == 2048 and gpu2["minor"] == 0
+    assert [h["used_mib"] for h in gpu2["holders"] if h["pid"] == p.pid] == [2048]
+    assert out["shm"]["would_remove"] == [str(tmp_path / "shm" / "psm_stale")]
+    assert (tmp_path / "shm" / "psm_stale").exists()
+
+
+def test_main_without_driver_says_verification_was_skipped(tmp_path, capsys):
+    args = sim(tmp_path, mode="no_driver")
+    args["driver_proc_dir"] = str(tmp_path / "absent")
+    rc, out = run_main(args, capsys)
+    assert rc == 0
+    assert out["gpu_verification"] == "skipped" and out["driver_loaded"] is False
+    assert "couldn't communicate with the NVIDIA driver" in out["gpu_verification_reason"]
+    assert out["summary"][0].startswith("no NVIDIA driver on this host: GPU verification skipped")
+
+
+def test_main_rejects_timeout_shorter_than_grace(tmp_path, capsys):
+    rc, out = run_main({"grace_s": 5, "timeout_s": 2, "shm_dir": str(tmp_path)}, capsys)
+    assert rc == 1 and "grace_s <= timeout_s" in out["msg"]
+
+
+def test_main_fails_naming_pid_command_and_gpu_when_a_target_outlives_the_timeout(tmp_path, capsys, monkeypatch):
+    # Signals are swallowed (send() is replaced), so the target stays: the module must say who and where.
+    sent = []
+    monkeypatch.setattr(gpu_release, "send", lambda proc, sig: sent.append((proc.pid, sig)) or True)
+    args = {**sim(tmp_path), "grace_s": 0.1, "timeout_s": 0.4, "settle_s": 0.1}
+    (tmp_path / "shm").mkdir()
+    dev = tmp_path / "dev"
+    code = (
+        f"import time; fs=[open('{dev}/nvidia1'), open('{dev}/nvidia-uvm')]; print('ready', flush=True); time.sleep(60)"
+    )
+    p = subprocess.Popen(
+        ["sglang::stuck_TP3", "-c", code],
+        executable=sys.executable,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "NVSIM_MEM_MIB": "1:1024"},
+    )
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        rc, out = run_main(args, capsys, check=False)
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == 1
+    assert f"PID {p.pid} (sglang::stuck_TP3 -c import time" in out["msg"]
+    assert "on GPUs [3]" in out["msg"]  # minor 1 is index 3 on the constructed host
+    assert "after 0.4 s" in out["msg"]
+    assert (p.pid, 15) in sent and (p.pid, 9) in sent
+    assert out["summary"][-1].startswith("FAILED: still running or holding GPU memory")
+
+
+def _fake_stat(root: Path, pid: int, state: str, tids: list[int], starttime: int = 777) -> None:
+    d = root / str(pid)
+    (d / "task").mkdir(parents=True)
+    for tid in tids:
+        (d / "task" / str(tid)).mkdir()
+    fields = [state, "1", *["0"] * 17, str(starttime), "0"]
+    (d / "stat").write_text(f"{pid} (python3) " + " ".join(fields) + "\n")
+
+
+def test_is_alive_counts_a_zombie_leader_with_exiting_threads_as_alive(tmp_path):
+    _fake_stat(tmp_path, 10, "S", [10, 11])
+    _fake_stat(tmp_path, 20, "Z", [20, 21, 22])  # main thread done, CUDA threads still tearing down
+    _fake_stat(tmp_path, 30, "Z", [30])  # exited, waiting to be reaped
+    assert pf.is_alive(10, 777, str(tmp_path))
+    assert pf.is_alive(20, 777, str(tmp_path))
+    assert not pf.is_alive(30, 777, str(tmp_path))
+    assert not pf.is_alive(10, 778, str(tmp_path))  # same PID, another process: never ours
+    assert not pf.is_alive(40, 777, str(tmp_path))
