@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Verify report: turn what the verify role collected into report.json, report.md (and baseline.json).
+
+Runs on the controller with the playbook's Python. Input: the inputs.json the role wrote (bench client
+JSON per concurrency level, /metrics counters before and after each level, smoke and readiness
+results). It computes acceptance over each benchmark window and the speed-up against the baseline,
+decides the gate, writes the files, and prints one JSON object on stdout:
+    {"gate": {...}, "summary": [lines], "files": {...}}
+Exit status 0 even when the gate fails (the role fails the play with the gate's messages); 2 on bad
+input (a baseline file that does not exist or is not a baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Where each number comes from; the report prints these beside the numbers.
+SRC_BENCH = "bench client JSON {key}"
+SRC_WINDOW = "Δ/metrics counters over the benchmark window"
+SRC_SINCE_START = "/server_info internal_states[0].avg_spec_accept_length, since engine start"
+SRC_VLLM_CLIENT = "vllm bench serve JSON spec_decode_acceptance_rate (its own /metrics window)"
+SRC_SGLANG_CLIENT = "sglang bench JSON accept_length (read from /server_info: since engine start)"
+BENCH_KEYS = ("output_throughput", "completed", "duration", "total_output_tokens", "request_throughput",
+              "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+              "mean_tpot_ms", "p99_tpot_ms")
+
+
+class InputError(ValueError):
+    """Bad input: reported on stderr with exit status 2."""
+
+
+def load_metrics_module(paths: list[str]):
+    for path in paths:
+        if (Path(path) / "bws_metrics.py").is_file():
+            sys.path.insert(0, path)
+            import bws_metrics
+
+            return bws_metrics
+    raise InputError(f"bws_metrics.py not found in the module_utils paths {paths}")
+
+
+def number(value: object, source: str) -> dict[str, object]:
+    return {"value": value, "source": source}
+
+
+# --- baseline ---------------------------------------------------------------------------------------
+
+def resolve_baseline(raw: object, inputs: dict, metrics) -> tuple[dict[int, float] | None, dict[str, object]]:
+    """Return ({concurrency: tok/s} or None, description with source and warnings)."""
+    info: dict[str, object] = {"warnings": []}
+    if raw in (None, "", {}):
+        info["source"] = "none: no baseline recorded for this host and profile"
+        return None, info
+    if isinstance(raw, dict):
+        info["source"] = "baseline from inventory (verify_baseline / verify_baselines[profile])"
+        return metrics.normalise_throughputs(raw, "verify_baseline"), info
+    path = Path(str(raw)).expanduser()
+    if not path.is_file():
+        raise InputError(f"verify_baseline: {path} is not a file (pass a baseline.json written by "
+                         "verify_mode=baseline, or a mapping concurrency: tok/s)")
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"verify_baseline: {path} is not JSON: {exc}") from None
+    if not isinstance(document, dict) or document.get("kind") != "verify-baseline":
+        raise InputError(f"verify_baseline: {path} is not a baseline written by verify_mode=baseline "
+                         "(its 'kind' is not 'verify-baseline')")
+    info["source"] = f"baseline report {path} (measured {document.get('timestamp')})"
+    info["path"] = str(path)
+    warnings: list[str] = info["warnings"]  # type: ignore[assignment]
+    for key, mine in (("host", inputs["host"]), ("profile", inputs["profile"]), ("engine", inputs["engine"])):
+        if document.get(key) != mine:
+            warnings.append(f"baseline {key} is {document.get(key)!r}, this run's is {mine!r}")
+    if document.get("workload") != inputs["bench"]["workload"]:
+        warnings.append(f"baseline workload {document.get('workload')} differs from this run's "
+                        f"{inputs['bench']['workload']}: the speed-up compares different benchmarks")
+    if document.get("speculative_counters_seen"):
+        warnings.append("the baseline was measured while the engine exported speculative counters: "
+                        "it may not be a run without speculation")
+    if document.get("engine_is_test_double") != inputs["test_double"]["detected"]:
+        warnings.append("the baseline and this run disagree on whether the engine is the ENGINE TEST DOUBLE")
+    return metrics.normalise_throughputs(document.get("output_throughput", {}), str(path)), info
+
+
+# --- levels -----------------------------------------------------------------------------------------
+
+def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, float] | None,
+                    baseline_source: str) -> tuple[dict, object]:
+    concurrency = int(level["concurrency"])
+    bench = level["result"]
+    row: dict[str, object] = {"concurrency": concurrency, "num_prompts": level["num_prompts"]}
+    for key in BENCH_KEYS:
+        if key in bench:
+            row[key] = number(bench[key], SRC_BENCH.format(key=key))
+    acceptance = None
+    if inputs["speculative"]:
+        if level.get("metrics_available"):
+            try:
+                acceptance = metrics.window_acceptance(inputs["engine"], level["metrics_before"],
+                                                       level["metrics_after"], inputs.get("num_steps") or None)
+            except metrics.MetricsError as exc:
+                acceptance = metrics.Acceptance(engine=inputs["engine"], problem=str(exc))
+        else:
+            acceptance = metrics.Acceptance(engine=inputs["engine"],
+                                            problem="/metrics not available (SGLang needs --enable-metrics)")
+        row["acceptance"] = acceptance.as_dict()
+    if "spec_decode_acceptance_rate" in bench:
+        row["bench_client_accept_rate"] = number(bench["spec_decode_acceptance_rate"] / 100.0, SRC_VLLM_CLIENT)
+    if bench.get("accept_length") is not None:
+        row["bench_client_accept_length"] = number(bench["accept_length"], SRC_SGLANG_CLIENT)
+    if baseline and concurrency in baseline:
+        row["baseline_output_throughput"] = number(baseline[concurrency], baseline_source)
+        if "output_throughput" in bench:
+            row["speedup"] = number(bench["output_throughput"] / baseline[concurrency],
+                                    "bench client output_throughput / baseline output_throughput")
+    return row, acceptance
+
+
+def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
+    baseline, baseline_info = (None, {"source": "not used in baseline mode", "warnings": []})
+    if inputs["mode"] != "baseline":
+        baseline, baseline_info = resolve_baseline(inputs.get("baseline"), inputs, metrics)
+    rows, acceptance = [], {}
+    for level in inputs["bench"]["levels"]:
+        row, accept = summarise_level(level, inputs, metrics, baseline, str(baseline_info["source"]))
+        rows.append(row)
+        if accept is not None:
+            acceptance[row["concurrency"]] = accept
+    throughput = {r["concurrency"]: r["output_throughput"]["value"] for r in rows if "output_throughput" in r}
+    gate_cfg = inputs["gate"]
+    if inputs["mode"] == "full" and inputs["speculative"]:
+        gate = metrics.evaluate_gate(
+            throughput=throughput, baseline=baseline, acceptance=acceptance,
+            gate_levels=[int(x) for x in gate_cfg["levels"]], min_speedup=float(gate_cfg["min_speedup"]),
+            min_accept_rate=float(gate_cfg["min_accept_rate"]), require_baseline=bool(gate_cfg["require_baseline"]),
+        ).as_dict()
+        for level, accept in acceptance.items():
+            if accept.problem and level in gate_cfg["levels"]:
+                gate["warnings"].append(f"acceptance at concurrency {level}: {accept.problem}")
+    else:
+        why = "baseline mode: measurement only" if inputs["mode"] == "baseline" else \
+            "verify_speculative is false: there is no speculative speed-up to gate"
+        gate = {"passed": True, "failures": [], "warnings": [], "checks": [], "not_applicable": why}
+    gate["warnings"] = list(baseline_info["warnings"]) + gate["warnings"]  # type: ignore[operator]
+    if inputs["speculative"] and inputs["mode"] == "full" and baseline is None:
+        gate["warnings"].insert(0, "NO BASELINE: the speed-up of speculative decoding was not measured")
+    spec_seen = any(metrics.has_speculative_counters(inputs["engine"], lvl.get("metrics_after", {}))
+                    for lvl in inputs["bench"]["levels"])
+    if inputs["speculative"] and inputs["mode"] == "full" and not spec_seen and \
+            any(lvl.get("metrics_available") for lvl in inputs["bench"]["levels"]):
+        gate["passed"] = False
+        gate["failures"].append("verify_speculative is true but the engine exports no speculative-decoding "
+                                "counters: speculation is not running")
+    report = {
+        "kind": "verify-report", "schema": 1, "host": inputs["host"], "engine": inputs["engine"],
+        "profile": inputs["profile"], "mode": inputs["mode"], "timestamp": inputs["timestamp"],
+        "speculative": inputs["speculative"], "speculative_num_steps": inputs.get("num_steps"),
+        "engine_is_test_double": inputs["test_double"]["detected"], "test_double": inputs["test_double"],
+        "endpoint": {"base_url": inputs["base_url"], "served_model_name": inputs["served_model_name"]},
+        "readiness": inputs.get("readiness"), "smoke": inputs.get("smoke"),
+        "workload": inputs["bench"]["workload"], "bench_command": inputs["bench"]["command"],
+        "levels": rows, "baseline": {**baseline_info, "output_throughput": baseline},
+        "since_start": {"avg_spec_accept_length": number(inputs.get("since_start_accept_length"), SRC_SINCE_START)}
+        if inputs.get("since_start_accept_length") is not None else None,
+        "gate": gate, "gate_levels": [int(x) for x in gate_cfg["levels"]],
+    }
+    baseline_doc = None
+    if inputs["mode"] == "baseline":
+        baseline_doc = {
+            "kind": "verify-baseline", "schema": 1, "host": inputs["host"], "engine": inputs["engine"],
+            "profile": inputs["profile"], "served_model_name": inputs["served_model_name"],
+            "timestamp": inputs["timestamp"], "workload": inputs["bench"]["workload"],
+            "engine_is_test_double": inputs["test_double"]["detected"], "speculative_counters_seen": spec_seen,
+            "output_throughput": {str(k): v for k, v in throughput.items()},
+            "source": SRC_BENCH.format(key="output_throughput"),
+        }
+    return report, baseline_doc
+
+
+# --- Markdown ---------------------------------------------------------------------------------------
+
+def fmt(value: object, spec: str = ".1f", suffix: str = "") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, dict):
+        value = value.get("value")
+        if value is None:
+            return "–"
+    return f"{value:{spec}}{suffix}" if isinstance(value, int | float) else str(value)
+
+
+def markdown(report: dict) -> str:
+    gated = report["gate_levels"] if report["mode"] == "full" and report["speculative"] else []
+    lines = [f"# Verify report: {report['host']} · {report['engine']} · {report['profile']}", ""]
+    if report["engine_is_test_double"]:
+        lines += ["> **⚠ ENGINE TEST DOUBLE.** The endpoint is served by the engine test double, not by a real "
+                  "engine: every number below measures the double, not a model.", ""]
+    gate = report["gate"]
+    verdict = "PASS" if gate["passed"] else "FAIL"
+    if gate.get("not_applicable"):
+        verdict += f" (no gate: {gate['not_applicable']})"
+    lines += [f"- **Gate: {verdict}**", f"- Mode: `{report['mode']}`, speculative: `{report['speculative']}`"
+              + (f", num_steps: {report['speculative_num_steps']}" if report["speculative_num_steps"] else ""),
+              f"- Endpoint: `{report['endpoint']['base_url']}`, model `{report['endpoint']['served_model_name']}`",
+              f"- Measured: {report['timestamp']}",
+              f"- Workload: {json.dumps(report['workload'])}",
+              f"- Baseline: {report['baseline']['source']}", ""]
+    for failure in gate["failures"]:
+        lines.append(f"- ❌ {failure}")
+    for warning in gate["warnings"]:
+        lines.append(f"- ⚠ {warning}")
+    if gate["failures"] or gate["warnings"]:
+        lines.append("")
+    lines += ["## Throughput and acceptance", "",
+              "| Concurrency | Output tok/s | Baseline tok/s | Speed-up | Accept rate | Accept length "
+              "| Mean TTFT ms | Median ITL ms | P99 ITL ms | Completed | Gated |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for row in report["levels"]:
+        accept = row.get("acceptance") or {}
+        lines.append(
+            f"| {row['concurrency']} | {fmt(row.get('output_throughput'))} | "
+            f"{fmt(row.get('baseline_output_throughput'))} | {fmt(row.get('speedup'), '.2f', 'x')} | "
+            f"{fmt(accept.get('rate'), '.1%')} | {fmt(accept.get('length'), '.2f')} | "
+            f"{fmt(row.get('mean_ttft_ms'))} | {fmt(row.get('median_itl_ms'))} | {fmt(row.get('p99_itl_ms'))} | "
+            f"{fmt(row.get('completed'), 'd')} | {'yes' if row['concurrency'] in gated else 'no'} |")
+    lines += ["", "![Throughput per concurrency, baseline vs this run, and acceptance](throughput.png)", "",
+              "## Where the numbers come from", "",
+              "- Output tok/s, TTFT, ITL, completed: the engine's own benchmark client, its JSON keys "
+              "`output_throughput`, `mean_ttft_ms`, `median_itl_ms`, `p99_itl_ms`, `completed`.",
+              f"- Baseline tok/s: {report['baseline']['source']}.",
+              "- Speed-up: this run's `output_throughput` / baseline `output_throughput`, per concurrency.",
+              f"- Accept rate and length: {SRC_WINDOW} (scraped before and after each level). "
+              "vLLM: rate = Δaccepted_tokens / Δdraft_tokens, length = 1 + Δaccepted_tokens / Δdrafts. "
+              "SGLang: length = Δgeneration_tokens / Δspec_verify_calls, rate = (length − 1) / num_steps."]
+    extras = [(row["concurrency"], row[key]) for row in report["levels"]
+              for key in ("bench_client_accept_rate", "bench_client_accept_length") if key in row]
+    for level, item in extras:
+        lines.append(f"- Concurrency {level}: {fmt(item['value'], '.3f')} ({item['source']}; for comparison only).")
+    if report.get("since_start"):
+        since = report["since_start"]["avg_spec_accept_length"]
+        lines.append(f"- Since engine start (not the benchmark window): accept length {fmt(since['value'], '.3f')}"
+                     f" ({since['source']}).")
+    for row in report["levels"]:
+        accept = row.get("acceptance") or {}
+        if accept.get("problem"):
+            lines.append(f"- Concurrency {row['concurrency']}: acceptance not measured: {accept['problem']}.")
+    smoke = report.get("smoke") or {}
+    if smoke:
+        lines += ["", "## Smoke", "", f"- Chat completion: {smoke.get('completion_tokens')} tokens, finish_reason "
+                  f"`{smoke.get('finish_reason')}`; first characters: `{smoke.get('preview')}`",
+                  f"- Request without the API key: {smoke.get('unauthenticated')}"]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(report: dict) -> list[str]:
+    head = f"{report['host']}: {report['engine']} {report['profile']} ({report['mode']})"
+    if report["engine_is_test_double"]:
+        head += " [ENGINE TEST DOUBLE]"
+    lines = [head]
+    for row in report["levels"]:
+        accept = row.get("acceptance") or {}
+        lines.append(f"c={row['concurrency']}: {fmt(row.get('output_throughput'))} tok/s"
+                     f", baseline {fmt(row.get('baseline_output_throughput'))}"
+                     f", speed-up {fmt(row.get('speedup'), '.2f', 'x')}"
+                     f", accept rate {fmt(accept.get('rate'), '.1%')} (window)")
+    gate = report["gate"]
+    lines.append("gate: " + ("PASS" if gate["passed"] else "FAIL") +
+                 (f" ({gate['not_applicable']})" if gate.get("not_applicable") else ""))
+    lines += [f"FAIL: {text}" for text in gate["failures"]] + [f"WARNING: {text}" for text in gate["warnings"]]
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inputs", required=True, help="inputs.json, or - for stdin (then saved as inputs.json)")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--module-utils", action="append", default=[], help="module_utils path (repeatable)")
+    parser.add_argument("--chart", action="store_true", help="also draw throughput.png (needs matplotlib)")
+    args = parser.parse_args(argv)
+    try:
+        metrics = load_metrics_module(args.module_utils)
+        text = sys.stdin.read() if args.inputs == "-" else Path(args.inputs).read_text(encoding="utf-8")
+        inputs = json.loads(text)
+        report, baseline_doc = build_report(inputs, metrics)
+    except (InputError, ValueError, KeyError, OSError) as exc:
+        print(f"verify report: {exc}", file=sys.stderr)
+        return 2
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.inputs == "-":
+        (args.out_dir / "inputs.json").write_text(json.dumps(inputs, indent=2) + "\n", encoding="utf-8")
+    files = {"report_json": args.out_dir / "report.json", "report_md": args.out_dir / "report.md",
+             "chart": args.out_dir / "throughput.png"}
+    files["report_json"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    files["report_md"].write_text(markdown(report), encoding="utf-8")
+    if baseline_doc is not None:
+        files["baseline"] = args.out_dir / "baseline.json"
+        files["baseline"].write_text(json.dumps(baseline_doc, indent=2) + "\n", encoding="utf-8")
+    if args.chart:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from verify_chart import draw
+
+        draw(report, files["chart"])
+    print(json.dumps({"gate": report["gate"], "summary": summary_lines(report),
+                      "engine_is_test_double": report["engine_is_test_double"],
+                      "files": {k: str(v) for k, v in files.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,381 @@
+"""playbooks/verify.yml against engine test doubles on localhost, one ansible-playbook run for all cases.
+
+Each inventory host is one scenario (its own double on its own port), so the whole matrix costs one
+playbook run: a 0.66x speculative double that must fail the gate, a 1.8x one that must pass, a vLLM
+double behind an API key, a hung /health, an endpoint that ignores its API key, and a baseline run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from verify_helpers import (
+    BENCH_DOUBLE,
+    EngineDouble,
+    host_report_dir,
+    run_bench_double,
+    run_playbook,
+    write_inventory,
+)
+
+pytestmark = pytest.mark.integration
+
+# Slow enough that the double's sleeps, not CPU contention on a busy CI box, set the throughput.
+TOKENS_PER_S = "50"
+LEVELS = [1, 8]
+# Concurrency 1 is gated; 8 is benchmarked and reported but swings with the load of a shared 2-core CI box.
+GATED = [1]
+WORKLOAD = {"input_len": 16, "output_len": 32, "min_prompts": 4, "per_concurrency": 2}
+VLLM_KEY = "vk-Secret-123!$q"
+UNENFORCED_KEY = "never-Enforced-KEY-42"
+PRE_WINDOW_REQUESTS = 150
+
+
+def prompts_for(level: int) -> int:
+    return max(WORKLOAD["min_prompts"], WORKLOAD["per_concurrency"] * level)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("verify")
+    tokenizer = work / "tokenizer"
+    tokenizer.mkdir()
+    speed = {"ENGINE_DOUBLE_TOKENS_PER_S": TOKENS_PER_S}
+    doubles = {
+        "base": EngineDouble(work, "base", env=speed),
+        # speculative output tok/s = accept length / spec cost x base: 1.18/1.78 = 0.66x, 2.95/1.64 = 1.8x
+        "slow": EngineDouble(
+            work,
+            "slow",
+            speculative=True,
+            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.15", "ENGINE_DOUBLE_SPEC_COST": "1.78"},
+        ),
+        "fast": EngineDouble(
+            work,
+            "fast",
+            speculative=True,
+            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.8", "ENGINE_DOUBLE_SPEC_COST": "1.64"},
+        ),
+        "vllm": EngineDouble(
+            work,
+            "vllm",
+            "vllm",
+            speculative=True,
+            api_key=VLLM_KEY,
+            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.6", "ENGINE_DOUBLE_SPEC_COST": "1.3"},
+        ),
+        "hang": EngineDouble(work, "hang", env={**speed, "ENGINE_DOUBLE_FAULT": "hang"}),
+    }
+    try:
+        for double in doubles.values():
+            double.wait_listening()
+        for name in ("base", "slow", "fast", "vllm"):
+            _wait_healthy(doubles[name])
+        # The recorded baseline: the same bench client against the double without speculation.
+        baseline = {
+            level: run_bench_double(
+                doubles["base"],
+                work,
+                level,
+                num_prompts=prompts_for(level),
+                input_len=WORKLOAD["input_len"],
+                output_len=WORKLOAD["output_len"],
+                tokenizer=tokenizer,
+            )["output_throughput"]
+            for level in LEVELS
+        }
+        # Traffic before the benchmark window: 1-token requests (accept length 1.0) that must not count.
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda _: doubles["fast"].complete(1), range(PRE_WINDOW_REQUESTS)))
+        pre_window = doubles["fast"].counters()
+
+        # The same baseline as a baseline.json, the form verify_mode=baseline writes, for the `fast` host.
+        baseline_file = work / "fast-baseline.json"
+        baseline_file.write_text(json.dumps({
+            "kind": "verify-baseline", "schema": 1, "host": "fast", "engine": "sglang", "profile": "p",
+            "timestamp": "recorded by the test", "engine_is_test_double": True, "speculative_counters_seen": False,
+            "workload": {"backend": "sglang-oai", "dataset": "random-ids", "input_len": WORKLOAD["input_len"],
+                         "output_len": WORKLOAD["output_len"]},
+            "output_throughput": {str(level): value for level, value in baseline.items()}}))
+        report_root = work / "artifacts"
+        hosts = {
+            name: _host(doubles[source], tokenizer, report_root, **extra)
+            for name, source, extra in (
+                ("slow", "slow", {"verify_baselines": {"p": baseline}, "verify_min_accept_rate": 0.3}),
+                ("fast", "fast", {"verify_baseline": str(baseline_file)}),
+                (
+                    "vllm_key",
+                    "vllm",
+                    {
+                        "verify_baselines": {"p": baseline},
+                        "verify_min_accept_rate": 0.2,
+                        "vllm_api_key": VLLM_KEY,
+                    },
+                ),
+                ("baseline", "base", {"verify_mode": "baseline"}),
+                ("open_key", "base", {"verify_mode": "smoke", "sglang_api_key": UNENFORCED_KEY}),
+                (
+                    "hang",
+                    "hang",
+                    {
+                        "verify_readiness_timeout_s": 3,
+                        "verify_health_interval_s": 1,
+                        "verify_health_request_timeout_s": 1,
+                        "verify_journal_command": ["tail", "-n", "40", str(doubles["hang"].log)],
+                    },
+                ),
+                (
+                    "hang_no_journal",
+                    "hang",
+                    {
+                        "verify_readiness_timeout_s": 2,
+                        "verify_health_interval_s": 1,
+                        "verify_health_request_timeout_s": 1,
+                    },
+                ),
+            )
+        }
+        inventory = work / "inventory.yml"
+        write_inventory(inventory, hosts)
+        result = run_playbook(inventory)
+        (work / "ansible-playbook.log").write_text(result.stdout + result.stderr, encoding="utf-8")
+        yield {
+            "result": result,
+            "output": result.stdout + result.stderr,
+            "reports": report_root,
+            "baseline": baseline,
+            "doubles": doubles,
+            "pre_window": pre_window,
+            "final_fast": doubles["fast"].counters(),
+            "work": work,
+        }
+    finally:
+        for double in doubles.values():
+            double.stop()
+
+
+def _wait_healthy(double: EngineDouble) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{double.base_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{double.name} never became healthy")
+
+
+def _host(double: EngineDouble, tokenizer: Path, report_root: Path, **extra: object) -> dict:
+    speculative = {"num_steps": double.num_steps} if double.speculative else None
+    command = [sys.executable, str(BENCH_DOUBLE)] + (["bench", "serve"] if double.flavour == "vllm" else [])
+    return {
+        "engine": double.flavour,
+        "engine_profile": "p",
+        "engine_profiles": {
+            "p": {
+                "port": double.port,
+                "served_model_name": double.served_name,
+                "model": {"path": str(tokenizer)},
+                "speculative": speculative,
+            }
+        },
+        "verify_bench_command": command,
+        "verify_concurrency": LEVELS,
+        "verify_gate_concurrency": GATED,
+        "verify_bench_input_len": WORKLOAD["input_len"],
+        "verify_bench_output_len": WORKLOAD["output_len"],
+        "verify_bench_min_prompts": WORKLOAD["min_prompts"],
+        "verify_bench_prompts_per_concurrency": WORKLOAD["per_concurrency"],
+        "verify_bench_warmup_requests": 0,
+        "verify_report_dir": str(report_root),
+        **extra,
+    }
+
+
+def _recap(output: str, host: str) -> dict[str, int]:
+    match = re.search(rf"^{host}\s+:\s+(.*)$", output, re.MULTILINE)
+    assert match, f"no recap line for {host}:\n{output[-3000:]}"
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+def _report(run: dict, host: str) -> dict:
+    return json.loads((host_report_dir(run["reports"], host) / "report.json").read_text())
+
+
+def test_gate_fails_at_066x_with_which_level_and_how_much(run):
+    assert _recap(run["output"], "slow")["failed"] == 1
+    report = _report(run, "slow")
+    speedups = {row["concurrency"]: row["speedup"]["value"] for row in report["levels"]}
+    assert 0.5 < speedups[1] < 0.8, speedups
+    assert not report["gate"]["passed"]
+    message = re.search(
+        r"speed-up (0\.\d\d)x at concurrency 1 is below the 1\.00x minimum "
+        r"\((\d+\.\d) vs (\d+\.\d) tok/s baseline, (-\d+)%\)",
+        run["output"],
+    )
+    assert message, run["output"][-4000:]
+    ratio, measured, base, percent = message.groups()
+    assert float(base) == pytest.approx(run["baseline"][1], abs=0.05)
+    assert float(ratio) == pytest.approx(float(measured) / float(base), abs=0.01)
+    assert int(percent) == round((float(measured) / float(base) - 1) * 100)
+    assert re.search(r"acceptance rate \d+\.\d% at concurrency 1 is below the 30\.0% minimum", run["output"])
+    assert "verify gate FAILED on slow" in run["output"]
+
+
+def test_gate_passes_at_18x(run):
+    recap = _recap(run["output"], "fast")
+    assert recap["failed"] == 0 and recap["changed"] == 0  # verify changes nothing on the host
+    report = _report(run, "fast")
+    assert report["gate"]["passed"] and report["gate"]["failures"] == []
+    row = report["levels"][0]
+    assert row["concurrency"] == 1 and 1.4 < row["speedup"]["value"] < 2.3, row
+    assert row["baseline_output_throughput"]["source"].startswith("baseline report ")
+    assert report["baseline"]["warnings"] == []  # same host, profile, engine and workload as recorded
+    assert [(c["check"], c["concurrency"], c["status"]) for c in report["gate"]["checks"]] == [("speed-up", 1, "pass")]
+
+
+def test_acceptance_is_counted_over_the_benchmark_window_only(run):
+    report = _report(run, "fast")
+    window_tokens = 0
+    for row in report["levels"]:
+        detail = row["acceptance"]["detail"]
+        # What the double generated in the window is exactly what the client received.
+        assert detail["generation_tokens"] == row["total_output_tokens"]["value"]
+        assert row["acceptance"]["length"] == pytest.approx(detail["generation_tokens"] / detail["verify_calls"])
+        assert row["acceptance"]["rate"] == pytest.approx((row["acceptance"]["length"] - 1) / 3)
+        # accept rate 0.8 over 3 steps: 1 + 0.8 + 0.64 + 0.512 = 2.95 tokens per verify (less a truncated tail)
+        assert 2.5 < row["acceptance"]["length"] < 3.1
+        assert row["acceptance"]["source"] == "Δ/metrics counters over the benchmark window"
+        window_tokens += detail["generation_tokens"]
+    pre, final = run["pre_window"], run["final_fast"]
+    generated_by_playbook = final["sglang:generation_tokens_total"] - pre["sglang:generation_tokens_total"]
+    assert generated_by_playbook == window_tokens + int(report["smoke"]["completion_tokens"])
+    since_start = report["since_start"]["avg_spec_accept_length"]
+    assert "since engine start" in since_start["source"]
+    assert since_start["value"] == pytest.approx(
+        final["sglang:generation_tokens_total"] / final["sglang:spec_verify_calls_total"]
+    )
+    # The 1-token requests before the window drag the since-start average down; the window ignores them.
+    assert since_start["value"] < min(row["acceptance"]["length"] for row in report["levels"]) - 0.3
+
+
+def test_vllm_acceptance_matches_the_clients_own_window(run):
+    assert _recap(run["output"], "vllm_key")["failed"] == 0
+    report = _report(run, "vllm_key")
+    assert report["engine"] == "vllm"
+    for row in report["levels"]:
+        accept = row["acceptance"]
+        assert accept["rate"] == pytest.approx(row["bench_client_accept_rate"]["value"])
+        assert accept["length"] == pytest.approx(1 + accept["detail"]["accepted_tokens"] / accept["detail"]["drafts"])
+        assert 0.25 < accept["rate"] < 0.55  # accept 0.6 over 3 tokens: (0.6 + 0.36 + 0.216) / 3 = 0.39
+    checks = [(c["check"], c["status"]) for c in report["gate"]["checks"]]
+    assert checks == [("speed-up", "pass"), ("acceptance", "pass")]
+
+
+def test_hung_health_ends_at_the_timeout_with_the_log_tail(run):
+    output = run["output"]
+    assert _recap(output, "hang")["failed"] == 1
+    assert re.search(r"sglang at http://127\.0\.0\.1:\d+ is not ready: /health did not answer 200 within 3 s", output)
+    # the double's own log lines, one per line
+    assert re.search(
+        r"^\s+ENGINE TEST DOUBLE \(not an engine\): sglang flavour.*\n\s+engine-double: listening on",
+        output,
+        re.MULTILINE,
+    )
+    assert _recap(output, "hang_no_journal")["failed"] == 1
+    assert "systemd does not run on this host, so unit sglang.service has no journal" in output
+
+
+def test_report_files_table_and_chart(run):
+    directory = host_report_dir(run["reports"], "fast")
+    assert {"report.json", "report.md", "throughput.png", "inputs.json"} <= {p.name for p in directory.iterdir()}
+    markdown = (directory / "report.md").read_text()
+    assert "ENGINE TEST DOUBLE" in markdown
+    assert "| Concurrency | Output tok/s | Baseline tok/s | Speed-up | Accept rate |" in markdown
+    assert re.search(r"^\| 8 \| \d+\.\d \| \d+\.\d \| \d\.\d\dx \| \d+\.\d% \|", markdown, re.MULTILINE)
+    assert "](throughput.png)" in markdown
+    png = (directory / "throughput.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR" and len(png) > 5000
+    assert _report(run, "fast")["engine_is_test_double"] is True
+    assert "[ENGINE TEST DOUBLE]" in run["output"]
+
+
+def test_api_key_refusal_and_no_leak(run):
+    """The playbook runs at -vvv, which prints every remote command line: the key must be in none."""
+    report = _report(run, "vllm_key")
+    assert report["smoke"]["unauthenticated"] == "refused with HTTP 401"
+    assert VLLM_KEY not in run["output"]
+    assert UNENFORCED_KEY not in run["output"]
+    for path in run["reports"].rglob("*"):
+        if path.is_file():
+            assert VLLM_KEY.encode() not in path.read_bytes(), path
+    assert _recap(run["output"], "open_key")["failed"] == 1
+    assert "answered HTTP 200 to a request without it (expected 401 or 403)" in run["output"]
+
+
+def test_baseline_mode_writes_a_baseline_to_pass_back(run):
+    assert _recap(run["output"], "baseline")["failed"] == 0
+    directory = host_report_dir(run["reports"], "baseline")
+    baseline = json.loads((directory / "baseline.json").read_text())
+    assert baseline["kind"] == "verify-baseline" and baseline["profile"] == "p" and baseline["host"] == "baseline"
+    assert baseline["speculative_counters_seen"] is False
+    # Concurrency 1 is stable; higher levels swing with the CI box's load, so only their presence is checked.
+    assert baseline["output_throughput"]["1"] == pytest.approx(run["baseline"][1], rel=0.3)
+    assert set(baseline["output_throughput"]) == {str(level) for level in LEVELS}
+    assert f"baseline for verify_baseline: {directory / 'baseline.json'}" in run["output"]
+
+
+def test_bench_client_double_writes_the_real_clients_keys(run):
+    """The keys the role and report read, as the real clients write them (engines.md §4)."""
+    sglang = json.loads((host_report_dir(run["reports"], "fast") / "inputs.json").read_text())
+    vllm = json.loads((host_report_dir(run["reports"], "vllm_key") / "inputs.json").read_text())
+    sglang_keys = {"backend", "dataset_name", "request_rate", "max_concurrency", "duration", "completed",
+                   "total_input_tokens", "total_output_tokens", "request_throughput", "input_throughput",
+                   "output_throughput", "total_throughput", "mean_ttft_ms", "median_itl_ms", "p99_itl_ms",
+                   "mean_e2e_latency_ms", "p99_ttft_ms", "concurrency", "accept_length"}
+    vllm_keys = {"duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+                 "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms",
+                 "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "spec_decode_acceptance_rate",
+                 "spec_decode_acceptance_length", "spec_decode_num_drafts", "spec_decode_accepted_tokens"}
+    for level in sglang["bench"]["levels"]:
+        assert sglang_keys <= set(level["result"]), sglang_keys - set(level["result"])
+    for level in vllm["bench"]["levels"]:
+        assert vllm_keys <= set(level["result"]), vllm_keys - set(level["result"])
+        assert "ttfts" not in level["result"]  # per-request lists only with --save-detailed, as in vLLM
+
+
+def _adhoc_engine_metrics(url: str) -> dict:
+    import os
+    import subprocess
+
+    from verify_helpers import REPO
+
+    program = Path(sys.executable).parent / "ansible"
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    result = subprocess.run(
+        [str(program) if program.exists() else "ansible", "localhost", "-c", "local", "-i", "localhost,",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "engine_metrics", "-a", f"url={url}", "-o"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert "=>" in result.stdout, result.stdout + result.stderr
+    return json.loads(result.stdout.split("=>", 1)[1])
+
+
+def test_engine_metrics_module_sums_counters_and_tolerates_a_missing_endpoint(run):
+    double = run["doubles"]["vllm"]
+    scraped = _adhoc_engine_metrics(f"{double.base_url}/metrics")
+    assert scraped["available"] is True and scraped["test_double"] is True
+    assert scraped["counters"] == {k: v for k, v in double.counters().items() if k.startswith("vllm:")}
+    assert scraped["counters"]["vllm:spec_decode_num_accepted_tokens_per_pos_total"] > 0  # summed over positions
+    double = run["doubles"]["base"]  # no API key: an unknown path is a plain 404
+    missing = _adhoc_engine_metrics(f"{double.base_url}/no-metrics-here")
+    assert missing["available"] is False and missing["status"] == 404 and missing["counters"] == {}

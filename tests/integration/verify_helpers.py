@@ -1,0 +1,245 @@
+"""Helpers for the verify integration tests: engine test doubles on free ports, the bench client
+double, and ansible-playbook runs against localhost.
+
+Each double runs inside its own PID namespace (`unshare --pid --fork --mount-proc --kill-child`), and
+stopping it signals only that wrapper, our own child, so a test can never reach a foreign process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_DOUBLE = REPO / "tests" / "doubles" / "engine_double.py"
+BENCH_DOUBLE = REPO / "tests" / "doubles" / "bench_client_double.py"
+sys.path.insert(0, str(REPO / "module_utils"))
+
+import bws_metrics  # noqa: E402
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EngineDouble:
+    """One engine test double process: SGLang flavour with a YAML config, or vLLM flavour with argv."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        name: str,
+        flavour: str = "sglang",
+        *,
+        speculative: bool = False,
+        api_key: str | None = None,
+        env: dict[str, str] | None = None,
+        num_steps: int = 3,
+    ) -> None:
+        self.name, self.flavour, self.port = name, flavour, free_port()
+        self.speculative, self.num_steps = speculative, num_steps
+        self.served_name = f"{name}-model"
+        self.log = workdir / f"{name}.log"
+        if flavour == "sglang":
+            config = {
+                "port": self.port,
+                "host": "127.0.0.1",
+                "model-path": f"/models/{name}",
+                "served-model-name": self.served_name,
+                "enable-metrics": True,
+            }
+            if speculative:
+                config.update(
+                    {
+                        "speculative-algorithm": "EAGLE3",
+                        "speculative-num-steps": num_steps,
+                        "speculative-eagle-topk": 1,
+                        "speculative-num-draft-tokens": num_steps + 1,
+                    }
+                )
+            if api_key:
+                config["api-key"] = api_key
+            config_path = workdir / f"{name}.yaml"
+            config_path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config.items()), encoding="utf-8")
+            args = ["serve", "--config", str(config_path)]
+        else:
+            args = [
+                "serve",
+                f"/models/{name}",
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+                "--served-model-name",
+                self.served_name,
+            ]
+            if speculative:
+                args += [
+                    "--speculative-config",
+                    json.dumps({"method": "eagle3", "model": "/models/draft", "num_speculative_tokens": num_steps}),
+                ]
+            if api_key:
+                args += ["--api-key", api_key]
+        full_env = {
+            **os.environ,
+            "ENGINE_DOUBLE_FLAVOUR": flavour,
+            "ENGINE_DOUBLE_START_S": "0.2",
+            **(env or {}),
+        }
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    "unshare",
+                    "--pid",
+                    "--fork",
+                    "--mount-proc",
+                    "--kill-child",
+                    "--",
+                    sys.executable,
+                    str(ENGINE_DOUBLE),
+                    *args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+            )
+
+    def wait_listening(self, timeout_s: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log.read_text(errors='replace')}")
+            with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} did not listen on {self.port}")
+
+    def stop(self) -> None:
+        # unshare ignores SIGTERM while it waits for its child; SIGKILL ends it, and --kill-child
+        # then SIGKILLs the double. The double holds no state worth a graceful stop.
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+    def counters(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as response:
+            return bws_metrics.parse_prometheus_text(response.read().decode())
+
+    def get_json(self, path: str, api_key: str | None = None) -> dict:
+        request = urllib.request.Request(f"{self.base_url}{path}")
+        if api_key:
+            request.add_header("Authorization", f"Bearer {api_key}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def complete(self, max_tokens: int, api_key: str | None = None) -> dict:
+        body = json.dumps({"model": self.served_name, "prompt": "warm up", "max_tokens": max_tokens}).encode()
+        request = urllib.request.Request(
+            f"{self.base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        if api_key:
+            request.add_header("Authorization", f"Bearer {api_key}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+
+def run_bench_double(
+    double: EngineDouble,
+    workdir: Path,
+    concurrency: int,
+    *,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    tokenizer: Path,
+) -> dict:
+    """Run the SGLang-flavoured bench client double once and return its JSON line."""
+    out = workdir / f"bench-{double.name}-c{concurrency}.jsonl"
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCH_DOUBLE),
+            "--backend",
+            "sglang-oai",
+            "--base-url",
+            double.base_url,
+            "--model",
+            double.served_name,
+            "--tokenizer",
+            str(tokenizer),
+            "--dataset-name",
+            "random-ids",
+            "--random-input-len",
+            str(input_len),
+            "--random-output-len",
+            str(output_len),
+            "--random-range-ratio",
+            "1.0",
+            "--num-prompts",
+            str(num_prompts),
+            "--max-concurrency",
+            str(concurrency),
+            "--warmup-requests",
+            "0",
+            "--output-file",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return json.loads(out.read_text().splitlines()[-1])
+
+
+def write_inventory(path: Path, hosts: dict[str, dict]) -> None:
+    """Inventory of local-connection hosts in group gpu_servers (each host a scenario)."""
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {
+        "all": {
+            "children": {"gpu_servers": {"hosts": {name: {**common, **variables} for name, variables in hosts.items()}}}
+        }
+    }
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False), encoding="utf-8")
+
+
+def run_playbook(
+    inventory: Path, playbook: str = "playbooks/verify.yml", *extra: str, timeout_s: float = 150
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
+        "ANSIBLE_PIPELINING": "1",
+    }
+    venv_bin = Path(sys.executable).parent
+    program = str(venv_bin / "ansible-playbook") if (venv_bin / "ansible-playbook").exists() else "ansible-playbook"
+    return subprocess.run(
+        [program, "-i", str(inventory), playbook, "-vvv", *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def host_report_dir(report_root: Path, host: str) -> Path:
+    runs = sorted((report_root / host).iterdir())
+    assert runs, f"no report written for {host}"
+    return runs[-1]

@@ -1,0 +1,202 @@
+"""module_utils/bws_metrics.py: Prometheus parsing, window acceptance, speed-up and gate messages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from module_utils import bws_metrics as m
+
+SGLANG_TEXT = """\
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="kimi-k2.5",tp_rank="0",is_streaming="false"} 1200.0
+sglang:generation_tokens_total{model_name="kimi-k2.5",tp_rank="0",is_streaming="true"} 300.0
+sglang:spec_verify_calls_total{model_name="kimi-k2.5",tp_rank="0"} 600.0
+sglang:spec_accept_length{model_name="kimi-k2.5",tp_rank="0"} 2.5
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="kimi-k2.5"} 7
+"""
+
+
+def test_sums_every_label_set_of_a_metric():
+    totals = m.parse_prometheus_text(SGLANG_TEXT)
+    assert totals["sglang:generation_tokens_total"] == 1500.0
+    assert totals["sglang:spec_verify_calls_total"] == 600.0
+    assert totals["sglang:time_to_first_token_seconds_bucket"] == 7.0
+
+
+def test_label_values_with_spaces_quotes_braces_and_timestamps():
+    text = (
+        'vllm:x_total{model_name="a b} {c",path="say \\"hi\\" }"} 3 1700000000000\n'
+        "vllm:x_total 4\n"
+        "vllm:y\t+Inf\n"
+        "vllm:z NaN\n"
+        "\n# EOF\n"
+    )
+    totals = m.parse_prometheus_text(text)
+    assert totals["vllm:x_total"] == 7.0
+    assert totals["vllm:y"] == math.inf
+    assert math.isnan(totals["vllm:z"])
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('vllm:x{model="a" 1\n', "unterminated label set"),
+        ("vllm:x\n", "sample without a value"),
+        ("vllm:x{} \n", "sample without a value"),
+        ("vllm:x twelve\n", "not a sample value"),
+        ("<html>502 Bad Gateway</html>\n", "line 1"),
+    ],
+)
+def test_junk_is_rejected_with_the_line(text, needle):
+    with pytest.raises(m.MetricsError, match=needle):
+        m.parse_prometheus_text(text)
+
+
+def test_select_metrics_by_prefix():
+    totals = {"sglang:a": 1.0, "vllm:b": 2.0, "process_cpu_seconds_total": 3.0}
+    assert m.select_metrics(totals, ["sglang:", "vllm:"]) == {"sglang:a": 1.0, "vllm:b": 2.0}
+    assert m.select_metrics(totals, []) == totals
+
+
+def test_counter_deltas_ignore_gauges_and_refuse_a_restart():
+    before = {"a_total": 10.0, "gauge": 5.0}
+    after = {"a_total": 25.0, "gauge": 1.0, "new_total": 3.0}
+    assert m.counter_deltas(before, after) == {"a_total": 15.0, "new_total": 3.0}
+    with pytest.raises(m.MetricsError, match=r"went backwards.*restarted"):
+        m.counter_deltas({"a_total": 10.0}, {"a_total": 2.0})
+
+
+def test_vllm_acceptance_over_the_window_not_since_start():
+    before = {m.VLLM_DRAFTS: 1000, m.VLLM_DRAFT_TOKENS: 3000, m.VLLM_ACCEPTED_TOKENS: 2700}  # 90 % before
+    after = {m.VLLM_DRAFTS: 1100, m.VLLM_DRAFT_TOKENS: 3300, m.VLLM_ACCEPTED_TOKENS: 2745}  # 45 of 300 in window
+    result = m.window_acceptance("vllm", before, after)
+    assert result.rate == pytest.approx(0.15)
+    assert result.length == pytest.approx(1.45)
+    assert result.detail == {"drafts": 100, "draft_tokens": 300, "accepted_tokens": 45}
+    assert result.problem is None
+
+
+def test_sglang_acceptance_length_and_rate_from_num_steps():
+    before = {m.SGLANG_GENERATION_TOKENS: 5000, m.SGLANG_VERIFY_CALLS: 1000}
+    after = {m.SGLANG_GENERATION_TOKENS: 7200, m.SGLANG_VERIFY_CALLS: 2000}
+    result = m.window_acceptance("sglang", before, after, num_steps=3)
+    assert result.length == pytest.approx(2.2)
+    assert result.rate == pytest.approx(0.4)
+    unknown_steps = m.window_acceptance("sglang", before, after)
+    assert unknown_steps.length == pytest.approx(2.2) and unknown_steps.rate is None
+    assert "num_steps unknown" in unknown_steps.problem
+
+
+def test_one_definition_for_both_engines():
+    """k drafts per verify, accept rate r: both formulas give length 1 + r*k for the same traffic."""
+    verify_calls, k, accepted = 400, 3, 540
+    sglang = m.window_acceptance(
+        "sglang",
+        {},
+        {m.SGLANG_GENERATION_TOKENS: verify_calls + accepted, m.SGLANG_VERIFY_CALLS: verify_calls},
+        num_steps=k,
+    )
+    vllm = m.window_acceptance(
+        "vllm",
+        {},
+        {m.VLLM_DRAFTS: verify_calls, m.VLLM_DRAFT_TOKENS: verify_calls * k, m.VLLM_ACCEPTED_TOKENS: accepted},
+    )
+    assert sglang.rate == pytest.approx(vllm.rate) and sglang.length == pytest.approx(vllm.length)
+
+
+def test_acceptance_problems_are_named():
+    assert "no speculative-decoding counters" in m.window_acceptance("sglang", {}, {"x": 1}).problem
+    idle = {m.VLLM_DRAFTS: 5, m.VLLM_DRAFT_TOKENS: 15, m.VLLM_ACCEPTED_TOKENS: 3}
+    assert m.window_acceptance("vllm", idle, idle).problem == "no drafts over the window"
+    with pytest.raises(m.MetricsError, match="unknown engine"):
+        m.window_acceptance("trt", {}, {})
+
+
+def test_speedup_message_of_the_reference_host():
+    assert m.speedup_message(1, 54.6, 82.5, 1.0) == (
+        "speed-up 0.66x at concurrency 1 is below the 1.00x minimum (54.6 vs 82.5 tok/s baseline, -34%)"
+    )
+    assert m.speedup_message(8, 150.0, 82.5, 1.0).startswith("speed-up 1.82x at concurrency 8 meets")
+
+
+def test_gate_fails_on_the_slow_level_and_says_by_how_much():
+    gate = m.evaluate_gate(
+        throughput={1: 54.6, 8: 400.0},
+        baseline={1: 82.5, 8: 300.0},
+        acceptance={},
+        gate_levels=[1, 8],
+        min_speedup=1.0,
+        min_accept_rate=0.0,
+        require_baseline=False,
+    )
+    assert not gate.passed
+    assert gate.failures == [
+        "speed-up 0.66x at concurrency 1 is below the 1.00x minimum (54.6 vs 82.5 tok/s baseline, -34%)"
+    ]
+    assert [c["status"] for c in gate.checks] == ["FAIL", "pass"]
+
+
+def test_gate_checks_acceptance_against_its_minimum():
+    low = m.Acceptance(engine="vllm", rate=0.15, length=1.45)
+    gate = m.evaluate_gate(
+        throughput={1: 100.0},
+        baseline={1: 80.0},
+        acceptance={1: low},
+        gate_levels=[1],
+        min_speedup=1.0,
+        min_accept_rate=0.4,
+        require_baseline=False,
+    )
+    assert gate.failures == [
+        "acceptance rate 15.0% at concurrency 1 is below the 40.0% minimum "
+        "(-25.0 points, Δ/metrics counters over the benchmark window)"
+    ]
+    unmeasured = m.evaluate_gate(
+        throughput={1: 100.0},
+        baseline={1: 80.0},
+        acceptance={1: m.Acceptance(engine="sglang", problem="/metrics not available")},
+        gate_levels=[1],
+        min_speedup=1.0,
+        min_accept_rate=0.4,
+        require_baseline=False,
+    )
+    assert "could not be measured (/metrics not available)" in unmeasured.failures[0]
+
+
+@pytest.mark.parametrize(("require", "passed"), [(False, True), (True, False)])
+def test_missing_baseline_warns_or_fails(require, passed):
+    gate = m.evaluate_gate(
+        throughput={1: 54.6},
+        baseline=None,
+        acceptance={},
+        gate_levels=[1],
+        min_speedup=1.0,
+        min_accept_rate=0.0,
+        require_baseline=require,
+    )
+    assert gate.passed is passed
+    text = (gate.failures if require else gate.warnings)[0]
+    assert text.startswith("no baseline for concurrency 1: the speed-up of speculative decoding was NOT measured")
+
+
+def test_a_gated_level_that_was_not_benchmarked_fails():
+    gate = m.evaluate_gate(
+        throughput={1: 90.0},
+        baseline={1: 80.0, 8: 300.0},
+        acceptance={},
+        gate_levels=[1, 8],
+        min_speedup=1.0,
+        min_accept_rate=0.0,
+        require_baseline=False,
+    )
+    assert gate.failures == ["concurrency 8 is gated but was not benchmarked"]
+
+
+def test_baseline_mappings_are_normalised_and_checked():
+    assert m.normalise_throughputs({"1": "82.5", 8: 300}, "b") == {1: 82.5, 8: 300.0}
+    for bad in ({"one": 82.5}, {1: 0}, {0: 5.0}, {1: "fast"}, [82.5]):
+        with pytest.raises(m.MetricsError):
+            m.normalise_throughputs(bad, "verify_baseline")
