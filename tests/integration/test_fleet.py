@@ -86,9 +86,9 @@ def test_teardown_of_the_fleet(fleet):
 
 
 def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):
-    fleet.write_inventory({"engine_profile": "sandbox-tiny", "sglang_nodes_group": "kimi_pair",
-                           "deploy_batch_size": 2})
-    run = fleet.run_playbook("playbooks/deploy_sglang.yml", limit="kimi_pair")
+    fleet.write_inventory({"engine_profile": "sandbox-tiny", "sglang_nodes_group": "kimi_pair"})
+    # serial is computed before inventory variables exist: the batch size is an extra variable.
+    run = fleet.run_playbook("playbooks/deploy_sglang.yml", extravars={"deploy_batch_size": 2}, limit="kimi_pair")
     assert run.status == "successful", run.stdout[-3000:]
     for rank, host in enumerate(PAIR):
         config = fleet.on(host).sh("cat $(ls -t /var/lib/llm-serving/releases/sglang-*/config.yaml | head -1)")
@@ -98,8 +98,8 @@ def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):
     started = {h: int(fleet.on(h).sh("systemctl show -p ActiveEnterTimestampMonotonic --value sglang.service"))
                for h in PAIR}
     assert started[PAIR[1]] < started[PAIR[0]], "the worker (rank 1) starts before rank 0"
-    gate = "TASK [verify :"
-    gated_hosts = {line.split("[", 2)[-1].rstrip("]") for chunk in run.stdout.split(gate)[1:]
+    verify_tasks = [chunk for chunk in run.stdout.split("TASK [")[1:] if chunk.startswith("verify :")]
+    gated_hosts = {line.split("[", 1)[1].split("]", 1)[0] for chunk in verify_tasks
                    for line in chunk.splitlines() if line.startswith(("ok: [", "changed: ["))}
     assert PAIR[0] in gated_hosts and PAIR[1] not in gated_hosts
     assert fleet.on(HOSTS[2]).unit("sglang.service")["ActiveState"] == "inactive"

@@ -1,0 +1,366 @@
+"""Checks of provision.yml on the systemd test host.
+
+NVIDIA's repository is the TEST DOUBLE from tests/doubles/nvidia_apt_repo_double (dummy packages signed
+with a throw-away key): these tests prove the apt mechanics (key, source, pins, branch moves, refusals),
+not NVIDIA's packages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import testinfra.utils.ansible_runner
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+SCENARIO = Path(__file__).resolve().parents[1]
+REPO = SCENARIO.parents[1]
+HOSTS = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("all")
+# testinfra's own podman backend: one `podman exec` per command instead of one ansible run.
+testinfra_hosts = [f"podman://{name}" for name in HOSTS]
+
+V580 = "580.95.05-1"
+V590 = "590.48.01-1"
+LOADED_FILE = "/run/nvidia-driver-version-double"
+
+
+def playbook(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ansible-playbook against the scenario's inventory (group_vars included)."""
+    cmd = ["ansible-playbook", "-i", str(Path(INVENTORY).parent), *args]
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=600, check=False)
+
+
+def probe(role: str, *extra: str, tasks_from: str = "main") -> subprocess.CompletedProcess[str]:
+    return playbook(
+        str(SCENARIO / "tests" / "role_probe.yml"),
+        "-e",
+        f"probe_role={role}",
+        "-e",
+        f"probe_tasks_from={tasks_from}",
+        *extra,
+    )
+
+
+def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    match = re.search(r"ok=(\d+) changed=(\d+) unreachable=(\d+) failed=(\d+)", one_line(result.stdout))
+    assert match, result.stdout[-3000:] + result.stderr[-2000:]
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups()), strict=True))
+
+
+def one_line(text: str) -> str:
+    """Undo the YAML callback's line folding so messages can be searched."""
+    return re.sub(r"\s+", " ", re.sub(r"\x1b\[[0-9;]*m|│", " ", text))
+
+
+def policy(host, package: str, *apt_options: str) -> tuple[str, str]:
+    out = host.check_output(f"apt-cache {' '.join(apt_options)} policy {package}")
+    installed = re.search(r"Installed: (\S+)", out).group(1)
+    candidate = re.search(r"Candidate: (\S+)", out).group(1)
+    return installed, candidate
+
+
+# --- repository and key ---------------------------------------------------------------------------
+
+
+def test_keyring_is_the_expected_key_dearmored(host):
+    keyring = host.file("/usr/share/keyrings/cuda-archive-keyring.gpg")
+    assert keyring.exists and keyring.mode == 0o644
+    assert not keyring.content.startswith(b"-----BEGIN"), "keyring must be binary (dearmored)"
+    colons = host.check_output("gpg --batch --with-colons --show-keys /usr/share/keyrings/cuda-archive-keyring.gpg")
+    fingerprint = (EPHEMERAL / "nvidia-apt-repo-double" / "fingerprint.txt").read_text().strip()
+    assert f"fpr:::::::::{fingerprint}:" in colons
+
+
+def test_source_is_deb822_flat_repo_signed_by_keyring(host):
+    source = host.file("/etc/apt/sources.list.d/nvidia-cuda.sources").content_string
+    assert "Suites: /" in source
+    assert "Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in source
+    assert "Components" not in source
+    assert not host.file("/etc/apt/sources.list.d/cuda-debian12-x86_64.list").exists, "conflicting source left"
+
+
+def test_debian_contrib_enabled(host):
+    assert re.search(r"^deb .* bookworm main contrib$", host.file("/etc/apt/sources.list").content_string, re.M)
+
+
+# --- branch lock ------------------------------------------------------------------------------------
+
+
+def test_580_installed_and_stays_candidate(host):
+    for package in ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda", "libnvidia-compute"):
+        assert policy(host, package) == (V580, V580), package
+
+
+def test_590_would_win_without_the_pins(host):
+    """The double is meaningful: without any preferences apt would move to 590."""
+    no_pins = ("-o Dir::Etc::preferences=/dev/null", "-o Dir::Etc::preferencesparts=/nonexistent")
+    assert policy(host, "nvidia-open", *no_pins)[1] == V590
+
+
+def test_dist_upgrade_does_not_move_to_590(host):
+    out = host.check_output("apt-get -s dist-upgrade")
+    assert "590." not in out
+    assert re.search(r"^0 upgraded, 0 newly installed", out, re.M), out
+
+
+def test_pinning_package_of_the_branch_only(host):
+    assert host.package("nvidia-driver-pinning-580").is_installed
+    assert not host.package("nvidia-driver-pinning-590").is_installed
+
+
+def test_branch_lock_is_not_apt_mark_hold(host):
+    assert host.check_output("apt-mark showhold") == ""
+
+
+def test_proprietary_flavour_never_installed_nor_installable(host):
+    for package in ("cuda-drivers", "nvidia-kernel-dkms", "cuda-13-0"):
+        assert not host.package(package).is_installed, package
+    for package in ("cuda-drivers", "cuda-13-0"):
+        simulated = host.run(f"apt-get -s install {package}")
+        assert simulated.rc != 0, f"{package} is installable: {simulated.stdout}"
+
+
+def test_driver_kept_out_of_unattended_upgrades(host):
+    conf = host.file("/etc/apt/apt.conf.d/51nvidia-driver-unattended-upgrades").content_string
+    assert "Unattended-Upgrade::Package-Blacklist" in conf
+    for pattern in ('"^nvidia-";', '"^libnvidia-";', '"^linux-modules-nvidia-";'):
+        assert pattern in conf
+
+
+# --- kernel module configuration and persistence -----------------------------------------------------
+
+
+def test_nouveau_blacklisted_and_hmm_left_alone(host):
+    assert "blacklist nouveau" in host.file("/etc/modprobe.d/nvidia-blacklist-nouveau.conf").content_string
+    assert not host.file("/etc/modprobe.d/nvidia-uvm-hmm.conf").exists
+
+
+def test_persistenced_runs_persistence_mode_and_is_enabled(host):
+    unit = host.check_output("systemctl cat nvidia-persistenced.service")
+    exec_starts = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert exec_starts[-2:] == [
+        "ExecStart=",
+        "ExecStart=/usr/bin/nvidia-persistenced --user root --persistence-mode --verbose",
+    ]
+    assert host.check_output("systemctl is-enabled nvidia-persistenced.service") == "enabled"
+    assert host.check_output("systemctl show -p StopWhenUnneeded --value nvidia-persistenced") == "no"
+
+
+# --- CUDA toolkit ----------------------------------------------------------------------------------------
+
+
+def test_cuda_toolkit_on_path_for_login_shells(host):
+    assert host.package("cuda-toolkit-13-0").is_installed
+    out = host.check_output("bash -lc 'command -v nvcc; echo $CUDA_HOME; nvcc --version'")
+    lines = out.splitlines()
+    assert lines[0] == "/usr/local/cuda-13.0/bin/nvcc"
+    assert lines[1] == "/usr/local/cuda-13.0"
+    assert "release 13.0," in out
+
+
+# --- python_env (air-gapped wheelhouse) -------------------------------------------------------------
+
+
+def test_uv_installed_from_the_wheelhouse(host):
+    assert host.check_output("/opt/uv/0.13.9/bin/uv --version").startswith("uv 0.13.9")
+
+
+def test_venv_built_offline_with_the_requirement_set(host):
+    python = "/opt/provision-test/venv/bin/python"
+    assert host.check_output(f"{python} -c 'import six, sys; print(six.__version__, sys.prefix)'") == (
+        "1.17.0 /opt/provision-test/venv"
+    )
+    stamp = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
+    assert stamp["name"] == "provision-test"
+    assert stamp["sources"] == {"wheelhouse": "/var/cache/python-env/provision-test/wheelhouse"}
+    assert host.file("/var/cache/python-env/provision-test/wheelhouse/six-1.17.0-py2.py3-none-any.whl").exists
+
+
+# --- playbook runs on the converged host -----------------------------------------------------------
+
+REFUSALS = {
+    "misspelled variable": (
+        ("nvidia_driver", "-e", "nvidia_driver_brnach=590"),
+        "Unknown variable(s) nvidia_driver_brnach",
+    ),
+    "mistyped variable": (
+        ("nvidia_driver", "-e", '{"nvidia_driver_reboot": "maybe"}'),
+        "nvidia_driver_reboot",
+    ),
+    "branch older than R580": (
+        ("nvidia_driver", "-e", "nvidia_driver_branch=575"),
+        "nvidia_driver_branch=575 refused",
+    ),
+    "proprietary flavour": (
+        ("nvidia_driver", "-e", "nvidia_driver_flavour=proprietary"),
+        "nvidia_driver_flavour=proprietary refused",
+    ),
+    "CUDA older than 12.9": (
+        ("cuda_toolkit", "-e", "cuda_toolkit_version=12.8"),
+        "cuda_toolkit_version=12.8 refused",
+    ),
+    "CUDA meta package that pulls a driver": (
+        ("cuda_toolkit", "-e", "cuda_toolkit_package=cuda-13-0"),
+        "cuda_toolkit_package=cuda-13-0 refused",
+    ),
+    "Secure Boot without an enrolled DKMS key": (
+        ("nvidia_driver", "-e", "nvidia_driver_secure_boot=enabled"),
+        "DKMS signing certificate /var/lib/dkms/mok.pub is missing. Nothing was installed.",
+    ),
+    "one venv shared by two engines": (
+        (
+            "python_env",
+            "-e",
+            "python_env_name=vllm",
+            "-e",
+            "python_env_path=/opt/provision-test/venv",
+            "-e",
+            '{"python_env_requirements": ["six==1.17.0"]}',
+        ),
+        "/opt/provision-test/venv is the venv of 'provision-test', not 'vllm'",
+    ),
+    "interpreter too old or missing": (
+        (
+            "python_env",
+            "-e",
+            "python_env_name=x",
+            "-e",
+            "python_env_path=/opt/x/venv",
+            "-e",
+            '{"python_env_requirements": ["six==1.17.0"]}',
+            "-e",
+            "python_env_interpreter=/usr/bin/python3.9",
+        ),
+        "/usr/bin/python3.9 was not found; the x venv needs Python 3.11 or newer",
+    ),
+}
+
+
+CMDLINES = {
+    "translated": "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet",
+    "passthrough": "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro iommu=pt quiet",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def background_runs():
+    """Read-only playbook runs (check mode, refusals, preflight) go on while the quick checks above run."""
+    for name, cmdline in CMDLINES.items():
+        subprocess.run(["podman", "exec", HOSTS[0], "sh", "-c", f"echo '{cmdline}' > /run/cmdline-{name}"], check=True)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {"check": pool.submit(playbook, str(SCENARIO / "converge.yml"), "--check")}
+        futures.update({name: pool.submit(probe, *case[0]) for name, case in REFUSALS.items()})
+        futures.update(
+            {
+                f"cmdline-{name}": pool.submit(
+                    probe, "host_preflight", "-e", f"host_preflight_cmdline_file=/run/cmdline-{name}"
+                )
+                for name in CMDLINES
+            }
+        )
+        yield futures
+
+
+def test_check_mode_changes_nothing_on_a_converged_host(background_runs):
+    result = background_runs["check"].result()
+    assert result.returncode == 0, result.stdout[-4000:]
+    counts = recap(result)
+    assert counts["changed"] == 0 and counts["failed"] == 0, counts
+    assert "SKIPPING hardware steps" in result.stdout, "the hardware skip must be visible"
+
+
+def write_loaded_version(host, version: str) -> None:
+    """Stand in for /proc/driver/nvidia/version with a module of the given version loaded."""
+    line = f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build"
+    host.check_output(f"printf '%s\\n' '{line}' > {LOADED_FILE}")
+
+
+def test_reboot_pending_then_already_running(host):
+    try:
+        write_loaded_version(host, "575.51.03")
+        pending = probe("nvidia_driver", "-e", f"nvidia_driver_loaded_version_file={LOADED_FILE}", tasks_from="status")
+        assert pending.returncode == 0, pending.stdout[-3000:]
+        assert "REBOOT PENDING: NVIDIA driver 580.95.05 is installed, the loaded module is 575.51.03" in one_line(
+            pending.stdout
+        )
+        write_loaded_version(host, "580.95.05")
+        running = probe("nvidia_driver", "-e", f"nvidia_driver_loaded_version_file={LOADED_FILE}", tasks_from="status")
+        assert running.returncode == 0, running.stdout[-3000:]
+        text = one_line(running.stdout)
+        assert "ALREADY RUNNING: NVIDIA driver 580.95.05" in text
+        assert "REBOOT PENDING" not in text
+        assert recap(running)["changed"] == 0
+    finally:
+        host.run(f"rm -f {LOADED_FILE}")
+
+
+def test_bad_input_fails_before_any_change(background_runs):
+    for name, (_, message) in REFUSALS.items():
+        result = background_runs[name].result()
+        text = one_line(result.stdout + result.stderr)
+        assert result.returncode != 0, f"{name}: not refused"
+        assert message in text, f"{name}: {text[-1500:]}"
+        assert recap(result)["changed"] == 0, name
+
+
+def test_preflight_warns_about_translated_iommu_with_the_fix(background_runs):
+    translated = background_runs["cmdline-translated"].result()
+    passthrough = background_runs["cmdline-passthrough"].result()
+    assert translated.returncode == 0 and passthrough.returncode == 0
+    assert "1 IOMMU/ACS finding(s)" in one_line(translated.stdout)
+    assert "add iommu=pt to GRUB_CMDLINE_LINUX" in one_line(translated.stdout)
+    assert "0 IOMMU/ACS finding(s)" in one_line(passthrough.stdout)
+    assert recap(translated)["changed"] == 0
+
+
+def test_mistyped_variable_fails_in_argument_validation():
+    result = probe("nvidia_driver", "-e", '{"nvidia_driver_reboot_timeout": "soon"}')
+    text = one_line(result.stdout)
+    assert result.returncode != 0
+    assert "Validating arguments against arg spec" in text and "nvidia_driver_reboot_timeout" in text
+    assert "Refuse unknown" not in text, "validation must fail before the role's first task"
+
+
+def test_branch_change_moves_cleanly_and_back(host, background_runs):
+    """Runs last: 580 -> 590 -> 580, pins and pinning packages follow, downgrades included."""
+    for future in background_runs.values():
+        future.result()
+    to_590 = probe("nvidia_driver", "-e", "nvidia_driver_branch=590")
+    assert to_590.returncode == 0, one_line(to_590.stdout)[-3000:]
+    assert policy(host, "nvidia-open") == (V590, V590)
+    assert host.package("nvidia-driver-pinning-590").is_installed
+    assert not host.package("nvidia-driver-pinning-580").is_installed
+    assert "Pin: version 590.*" in host.file("/etc/apt/preferences.d/nvidia-driver-branch.pref").content_string
+
+    back = probe("nvidia_driver")
+    assert back.returncode == 0, one_line(back.stdout)[-3000:]
+    for package in ("nvidia-open", "nvidia-kernel-open-dkms", "libnvidia-compute"):
+        assert policy(host, package) == (V580, V580), package
+    assert host.package("nvidia-driver-pinning-580").is_installed
+    assert not host.package("nvidia-driver-pinning-590").is_installed
+    assert "590." not in host.check_output("apt-get -s dist-upgrade")
+
+
+def test_changed_requirement_set_is_synced_unchanged_is_not(host, background_runs):
+    for future in background_runs.values():
+        future.result()
+    venv = ("-e", "python_env_name=provision-test", "-e", "python_env_path=/opt/provision-test/venv")
+    before = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
+    changed = probe("python_env", *venv, "-e", '{"python_env_requirements": ["six==1.17.0", "# set v2"]}')
+    assert changed.returncode == 0, one_line(changed.stdout)[-3000:]
+    synced = r"uv pip sync\)\][^\[]*?changed: \["
+    assert re.search(synced, one_line(changed.stdout)), "a changed set must be synced"
+    assert recap(changed)["changed"] == 3  # requirement file, uv pip sync, stamp
+    after = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
+    assert after["requirements_sha256"] != before["requirements_sha256"]
+    again = probe("python_env", *venv, "-e", '{"python_env_requirements": ["six==1.17.0", "# set v2"]}')
+    assert recap(again)["changed"] == 0
+    assert not re.search(synced, one_line(again.stdout)), "an unchanged set must not be reinstalled"
+    assert host.check_output("/opt/provision-test/venv/bin/python -c 'import six; print(six.__version__)'") == "1.17.0"
