@@ -178,10 +178,10 @@ def source_not_mounted(source: dict) -> bool:
     return source.get("type") == "nfs" and not os.path.ismount(str(source.get("mount_point")))
 
 
-def would_mount(dest: str, source: dict) -> dict:
-    """Check mode cannot list an NFS export that the role has not mounted (it mounts only for real)."""
+def nothing_to_fetch(dest: str, **fields: object) -> dict:
+    """A result for a directory this run does not transfer into; `fields` say why and what was seen."""
     free, measured_on = statvfs_free(dest)
-    return {
+    result = {
         "dest": dest,
         "revision": None,
         "listing": {"revision": None, "files": []},
@@ -195,11 +195,17 @@ def would_mount(dest: str, source: dict) -> dict:
         "free_bytes": free,
         "fs_path": measured_on,
         "fs_id": str(os.stat(measured_on).st_dev),
-        "complete": False,
         "fetched": [],
-        "changed": True,
-        "msg": f"would mount {source.get('export')} on {source.get('mount_point')} and fetch {dest} from it",
     }
+    result.update(fields)
+    return result
+
+
+def would_mount(dest: str, source: dict) -> dict:
+    """Check mode cannot list an NFS export that the role has not mounted (it mounts only for real)."""
+    return nothing_to_fetch(
+        dest, complete=False, changed=True,
+        msg=f"would mount {source.get('export')} on {source.get('mount_point')} and fetch {dest} from it")
 
 
 def in_place(dest: str) -> dict:
@@ -207,27 +213,9 @@ def in_place(dest: str) -> dict:
     check = check_model_dir(dest)
     if not check["complete"]:
         raise ModelStoreError(check["msg"])
-    free, measured_on = statvfs_free(dest)
-    return {
-        "dest": dest,
-        "revision": None,
-        "listing": {"revision": None, "files": []},
-        "files_total": check["files_checked"],
-        "bytes_total": check["total_bytes"],
-        "to_fetch": [],
-        "conflicts": [],
-        "unverified": [],
-        "batches": [],
-        "needed_bytes": 0,
-        "free_bytes": free,
-        "fs_path": measured_on,
-        "fs_id": str(os.stat(measured_on).st_dev),
-        "complete": True,
-        "in_place": True,
-        "fetched": [],
-        "changed": False,
-        "msg": f"{dest} is its own source (served in place): {check['msg']}",
-    }
+    return nothing_to_fetch(
+        dest, files_total=check["files_checked"], bytes_total=check["total_bytes"], complete=True,
+        in_place=True, changed=False, msg=f"{dest} is its own source (served in place): {check['msg']}")
 
 
 def run(module: AnsibleModule) -> dict:

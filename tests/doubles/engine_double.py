@@ -213,8 +213,15 @@ class Handler(BaseHTTPRequestHandler):
         key = self.engine.api_key
         return not key or self.headers.get("Authorization", "") == f"Bearer {key}"
 
-    def _unauthorized(self) -> None:
-        self._send(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized"})
+    def _ready_and_authorized(self) -> bool:
+        """Answer 503 while starting and 401 without the key, as the engines do; True when neither applies."""
+        if not self.engine.ready:
+            self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "server is starting"})
+            return False
+        if not self._authorized():
+            self._send(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized"})
+            return False
+        return True
 
     def do_GET(self) -> None:
         engine = self.engine
@@ -228,11 +235,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             self._send(HTTPStatus.OK, engine.metrics_text(), "text/plain; version=0.0.4")
             return
-        if not engine.ready:
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "server is starting"})
-            return
-        if not self._authorized():
-            self._unauthorized()
+        if not self._ready_and_authorized():
             return
         routes = {
             "/v1/models": self._models,
@@ -246,13 +249,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
-        engine = self.engine
         path = self.path.split("?", 1)[0]
-        if not engine.ready:
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "server is starting"})
-            return
-        if not self._authorized():
-            self._unauthorized()
+        if not self._ready_and_authorized():
             return
         length = int(self.headers.get("Content-Length", "0"))
         try:
