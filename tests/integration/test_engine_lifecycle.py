@@ -7,6 +7,7 @@ The tests share the host and run in file order; each states the host it leaves b
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 from pathlib import Path
 
@@ -149,6 +150,39 @@ def test_missing_engine_binary_is_caught_before_the_switch(host, runs):
     assert run.status == "failed"
     assert "sglang-missing" in run.stdout and "is not executable" in run.stdout
     assert main_pid(host) == pid and host.health() == 200
+
+
+def test_an_argument_check_that_cannot_run_stops_the_deploy_before_the_switch(host, runs):
+    # The checker is the role's real one; the sandbox host has no SGLang for it to import, so it fails for
+    # real (exit 1). The rejection of a misspelled flag (exit 2) is proven with the real parsers in tests/contract.
+    pid = main_pid(host)
+    releases = host.sh("ls /var/lib/llm-serving/releases")
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_argcheck=True, sglang_python="/usr/bin/python3",
+                 sglang_extra_options={"log-level": "debug"})
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    assert "the argument check of sglang 0.5.23 could not run (exit 1)" in flat
+    assert "Nothing that serves now was touched" in flat
+    assert host.sh("ls /var/lib/llm-serving/releases") == releases, "the rejected release directory is removed"
+    assert main_pid(host) == pid and host.health() == 200
+
+
+def test_a_deploy_whose_verify_gate_fails_rolls_back_and_the_previous_release_serves(host, runs, tmp_path):
+    before = host.state()["current"]
+    # The double made slower with speculation than the recorded baseline: 0.66x at concurrency 1.
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_gate="full",
+                 sglang_extra_environment={"ENGINE_DOUBLE_TOKENS_PER_S": "50", "ENGINE_DOUBLE_ACCEPT_RATE": "0.15",
+                                           "ENGINE_DOUBLE_SPEC_COST": "1.78"},
+                 verify_baselines={"sandbox-tiny-eagle3": {"1": 49.0}}, verify_concurrency=[1],
+                 verify_gate_concurrency=[1], verify_bench_input_len=16, verify_bench_output_len=32,
+                 verify_bench_min_prompts=4, verify_bench_prompts_per_concurrency=2, verify_bench_warmup_requests=0,
+                 verify_report_dir=str(tmp_path / "reports"))
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    assert re.search(r"speed-up 0\.[5-7]\dx at concurrency 1 is below the 1\.00x minimum", flat), flat[-3000:]
+    assert f"Rolled back: {before} is serving again" in flat
+    assert host.state()["current"] == before and host.health() == 200
+    assert list((tmp_path / "reports").rglob("report.md")), "the failing gate still wrote its report"
 
 
 def test_crash_at_start_rolls_back_and_the_previous_release_serves(host, runs):
