@@ -3,7 +3,6 @@ runner for playbooks/fetch_models.yml against localhost with a throw-away invent
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -22,17 +21,6 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOUBLE = REPO_ROOT / "tests" / "doubles" / "model_mirror_double.py"
 PLAYBOOK = REPO_ROOT / "playbooks" / "fetch_models.yml"
-
-
-def load_module_util(name: str):
-    """Import module_utils/<name>.py as ansible.module_utils.<name>, the way Ansible ships it to a target."""
-    full = f"ansible.module_utils.{name}"
-    if full not in sys.modules:
-        spec = importlib.util.spec_from_file_location(full, REPO_ROOT / "module_utils" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[full] = module
-        spec.loader.exec_module(module)
-    return sys.modules[full]
 
 
 def safetensors_bytes(tensors: dict[str, int], seed: int) -> bytes:

@@ -19,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_helpers import (
     REPO_ROOT,
     hf_profile,
-    load_module_util,
     make_tiny_model,
     mirror_double,
     run_fetch_playbook,
     scratch,
 )
+
+from tests.module_utils_loader import load_module_util
 
 pytestmark = pytest.mark.integration
 

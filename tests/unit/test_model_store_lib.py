@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.module_utils_loader import load_module_util
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def load(name: str):
-    """Import module_utils/<name>.py as ansible.module_utils.<name>, as Ansible does on the target."""
-    full = f"ansible.module_utils.{name}"
-    if full not in sys.modules:
-        spec = importlib.util.spec_from_file_location(full, REPO_ROOT / "module_utils" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[full] = module
-        spec.loader.exec_module(module)
-    return sys.modules[full]
-
-
-bws_model = load("bws_model")
-transfer = load("bws_model_transfer")
+bws_model = load_module_util("bws_model")
+transfer = load_module_util("bws_model_transfer")
 ModelStoreError = bws_model.ModelStoreError
 
 
