@@ -18,7 +18,13 @@ description:
     a message that names it and says what to do.
   - Once a directory is recorded complete, later runs check it against the record without the network
     unless O(refresh=true).
-  - Progress of a running transfer is written to C(<dest>/.model_store/progress.json) every second.
+  - "HTTP mirrors: several files at once and large files in ranges on O(streams) connections; the sha256 is
+    computed while the bytes arrive (no second read). Hub sources: the C(huggingface_hub) client of the
+    model store's tools venv (O(hf_client)) fetches the missing files into O(dest), then each is checked
+    against the sha256 / git blob id of the Hub's listing (O(hf_client.verify))."
+  - With O(slice_s) a call fetches for about that long (no new file starts after it; files started finish),
+    then returns C(done), C(progress) (bytes done / total, rate, ETA) and a one-line C(msg); the next call
+    resumes. The same numbers are written to C(<dest>/.model_store/progress.json) every second.
 options:
   dest:
     description: Model directory on the host.
@@ -74,6 +80,32 @@ options:
     description: Network timeout in seconds for one read.
     type: int
     default: 60
+  slice_s:
+    description:
+      - Seconds of transfer per call; 0 fetches everything in one call. Files are not split across slices
+        by the Hub client; HTTP ranges and local copies resume exactly.
+    type: float
+    default: 0
+  streams:
+    description: Parallel HTTP connections for C(http) mirrors (files side by side, large files in ranges).
+    type: int
+    default: 4
+  piece_mib:
+    description: Size of one HTTP range, in MiB; files up to this size move on one connection.
+    type: int
+    default: 64
+  buffer_mib:
+    description: Memory, in MiB, for ranges that arrive ahead of the hashing position (bounds peak memory).
+    type: int
+    default: 256
+  hf_client:
+    description:
+      - The C(huggingface_hub) client for C(hf) sources. C(venv) is the tools venv holding it and
+        C(bws_hf_fetch.py) (created by the model_store role); C(workers) parallel files; C(xet) lets it use
+        Xet storage (C(HF_HUB_DISABLE_XET) otherwise); C(verify) is C(read) (each finished file is read once
+        more, while the others download, and compared with the listing's sha256 / git blob id) or C(trust)
+        (the client's size check only; the listing's sha256 is recorded with method C(hf-client)).
+    type: dict
   batch_bytes:
     description:
       - How the plan groups missing files into C(batches), one task item each (for progress lines).
@@ -125,6 +157,14 @@ in_place:
   description: True when the source is the model directory itself (served in place; checked, never written).
   type: bool
   returned: when true
+done:
+  description: True when nothing is left to fetch for this call (the last slice; the copy is then recorded).
+  type: bool
+  returned: always
+progress:
+  description: bytes_done, bytes_total, slice_bytes, slice_s, rate_bytes_per_s, eta_s of the directory.
+  type: dict
+  returned: always
 fetched:
   description: Files transferred by this run.
   type: list
@@ -157,10 +197,11 @@ msg:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bws_model import ModelStoreError, check_model_dir, human_bytes, statvfs_free
-from ansible.module_utils.bws_model_transfer import ModelStore, make_source
+from ansible.module_utils.bws_model_transfer import ModelStore, make_source, progress_line
 
 
 def summary(plan: dict, fetched: list[str]) -> str:
@@ -218,38 +259,51 @@ def in_place(dest: str) -> dict:
         in_place=True, changed=False, msg=f"{dest} is its own source (served in place): {check['msg']}")
 
 
-def run(module: AnsibleModule) -> dict:
-    params = module.params
-    store = ModelStore(
+def make_store(params: dict) -> ModelStore:
+    return ModelStore(
         params["dest"],
-        make_source(params["source"], params["token"], params["timeout"]),
+        make_source(params["source"], params["token"], params["timeout"], params["hf_client"]),
         reserve_bytes=params["reserve_bytes"],
         retries=params["retries"],
         retry_delay=params["retry_delay"],
         verify_checksums=params["verify_checksums"],
+        streams=params["streams"],
+        piece_bytes=params["piece_mib"] * 1024 * 1024,
+        buffer_bytes=params["buffer_mib"] * 1024 * 1024,
     )
+
+
+def sliced(store: ModelStore, plan: dict, fetched: list[str], done: bool) -> dict:
+    progress = store.progress.snapshot()
+    line = f"{plan['dest']}: {progress_line(progress)}" + (f"; finished {len(fetched)} files" if fetched else "")
+    return {**plan, "fetched": fetched, "changed": bool(fetched), "done": done, "progress": progress, "msg": line}
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    store = make_store(params)
     if module.check_mode and source_not_mounted(params["source"]):
         return would_mount(store.dest, params["source"])
     if store.same_directory_as_source():
         return in_place(store.dest)
     plan = store.plan(listing=params["listing"], refresh=params["refresh"], batch_bytes=params["batch_bytes"])
-    fetched: list[str] = []
     changed = bool(plan["to_fetch"] or plan["unverified"] or not plan["complete"])
     if module.check_mode or params["plan_only"]:
         if plan["conflicts"]:
             raise ModelStoreError(store.conflict_message(store.dest, plan["conflicts"]))
         changed = changed and module.check_mode
-        return {**plan, "fetched": fetched, "changed": changed, "msg": summary(plan, [])}
-    if params["only"] is not None:
-        fetched = store.fetch(plan, only=params["only"])
-        return {**plan, "fetched": fetched, "changed": bool(fetched), "msg": summary(plan, fetched)}
+        return {**plan, "fetched": [], "changed": changed, "done": plan["complete"], "msg": summary(plan, [])}
     if plan["complete"]:
-        return {**plan, "fetched": fetched, "changed": False, "msg": summary(plan, [])}
-    fetched = store.fetch(plan)
+        return {**plan, "fetched": [], "changed": False, "done": True, "msg": summary(plan, [])}
+    deadline = time.monotonic() + params["slice_s"] if params["slice_s"] > 0 else None
+    fetched = store.fetch(plan, only=params["only"], deadline=deadline) if plan["to_fetch"] else []
+    wanted = [e["path"] for e in plan["to_fetch"] if params["only"] is None or e["path"] in params["only"]]
+    if params["only"] is not None or len(fetched) < len(wanted):
+        return sliced(store, plan, fetched, done=len(fetched) == len(wanted))
     final = store.plan(listing=plan["listing"])
     changed = store.finalize(final) or bool(fetched)
     final["complete"] = True
-    return {**final, "fetched": fetched, "changed": changed, "msg": summary(final, fetched)}
+    return {**sliced(store, final, fetched, done=True), "changed": changed}
 
 
 def main() -> None:
@@ -268,6 +322,19 @@ def main() -> None:
             "retry_delay": {"type": "float", "default": 2.0},
             "timeout": {"type": "int", "default": 60},
             "batch_bytes": {"type": "int", "default": 268435456},
+            "slice_s": {"type": "float", "default": 0},
+            "streams": {"type": "int", "default": 4},
+            "piece_mib": {"type": "int", "default": 64},
+            "buffer_mib": {"type": "int", "default": 256},
+            "hf_client": {
+                "type": "dict",
+                "options": {
+                    "venv": {"type": "path", "required": True},
+                    "workers": {"type": "int", "default": 8},
+                    "xet": {"type": "bool", "default": True},
+                    "verify": {"type": "str", "default": "read", "choices": ["read", "trust"]},
+                },
+            },
         },
         supports_check_mode=True,
     )

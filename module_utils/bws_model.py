@@ -23,6 +23,8 @@ MANIFEST_FILE = STATE_DIR + "/manifest.json"
 VERIFIED_FILE = STATE_DIR + "/verified.json"
 PROGRESS_FILE = STATE_DIR + "/progress.json"
 PART_SUFFIX = ".part"
+# where the huggingface_hub client keeps its metadata and partial downloads inside a model directory
+HF_CLIENT_DIR = ".cache/huggingface"
 MANIFEST_FORMAT = 1
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
 HASH_CHUNK = 8 * 1024 * 1024
@@ -101,7 +103,7 @@ def safe_relpath(path: object) -> str:
     parts = path.split("/")
     if path.startswith("/") or any(part in ("", ".", "..") for part in parts):
         raise ModelStoreError(f"refusing listing path {path!r}: it would leave the model directory")
-    if parts[0] == STATE_DIR or path.endswith(PART_SUFFIX):
+    if parts[0] == STATE_DIR or path.endswith(PART_SUFFIX) or path.startswith(HF_CLIENT_DIR + "/"):
         raise ModelStoreError(f"refusing listing path {path!r}: the name is reserved for the model store")
     return path
 
@@ -176,7 +178,7 @@ def parse_rsync_list(text: str) -> list[RemoteFile]:
             continue
         size = int(fields[1].replace(",", "").replace(".", ""))
         path = fields[4]
-        if path.split("/")[0] == STATE_DIR or path.endswith(PART_SUFFIX):
+        if path.split("/")[0] == STATE_DIR or path.endswith(PART_SUFFIX) or path.startswith(HF_CLIENT_DIR + "/"):
             continue
         files.append(RemoteFile(path=safe_relpath(path), size=size))
     return files
@@ -189,6 +191,8 @@ def walk_local(root: str) -> list[RemoteFile]:
         rel_dir = os.path.relpath(directory, root)
         if rel_dir == ".":
             dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        elif rel_dir == ".cache":
+            dirnames[:] = [d for d in dirnames if d != "huggingface"]  # the Hub client's own state
         dirnames.sort()
         for name in sorted(filenames):
             full = os.path.join(directory, name)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -43,6 +42,8 @@ from ansible.module_utils.bws_model import (
     walk_local,
     write_json_atomic,
 )
+from ansible.module_utils.bws_model_hub import HubClientRun
+from ansible.module_utils.bws_model_parallel import ParallelFetch, kept_bytes
 
 CHUNK = 1024 * 1024
 USER_AGENT = "blackwell-serving-model-store/1"
@@ -56,7 +57,7 @@ SOURCE_KEYS = {
 }
 
 
-class TransferInterruptedError(Exception):
+class TransferInterruptedError(Exception):  # rsync's retryable exits
     """A transfer stopped early for a reason worth retrying (network)."""
 
 
@@ -64,36 +65,57 @@ class TransferInterruptedError(Exception):
 
 
 class Progress:
-    """Writes `.model_store/progress.json` at most once a second: what is moving, how fast, how long."""
+    """Bytes done of a directory, rate and ETA: written to `.model_store/progress.json` at most once a second
+    and returned at the end of each time slice (the role prints one line per slice)."""
 
-    def __init__(self, path: str | None, total_bytes: int) -> None:
+    def __init__(self, path: str | None, total_bytes: int, done_before: int) -> None:
         self.path = path
         self.total = total_bytes
-        self.done_before = 0
+        self.done_before = done_before
+        self.moved = 0
+        self.file: str | None = None
         self.started = time.monotonic()
         self.last_write = 0.0
 
-    def update(self, name: str, file_done: int, file_size: int, moved: int, final: bool = False) -> None:
+    def snapshot(self) -> dict:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = self.moved / elapsed
+        done = min(self.done_before + self.moved, self.total)
+        return {
+            "file": self.file,
+            "bytes_done": done,
+            "bytes_total": self.total,
+            "slice_bytes": self.moved,
+            "slice_s": round(elapsed, 3),
+            "rate_bytes_per_s": int(rate),
+            "eta_s": int((self.total - done) / rate) if rate > 0 else None,
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    def update(self, moved: int, file: str | None = None, final: bool = False) -> None:
+        self.moved = moved
+        self.file = file or self.file
         now = time.monotonic()
         if not self.path or (not final and now - self.last_write < 1.0):
             return
         self.last_write = now
-        elapsed = max(now - self.started, 1e-6)
-        rate = moved / elapsed
-        done = self.done_before + moved
-        write_json_atomic(
-            self.path,
-            {
-                "file": name,
-                "file_bytes_done": file_done,
-                "file_bytes_total": file_size,
-                "bytes_done": done,
-                "bytes_total": self.total,
-                "rate_bytes_per_s": int(rate),
-                "eta_s": int((self.total - done) / rate) if rate > 0 else None,
-                "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            },
-        )
+        write_json_atomic(self.path, self.snapshot())
+
+
+def progress_line(snapshot: dict) -> str:
+    total = snapshot["bytes_total"]
+    percent = 100.0 * snapshot["bytes_done"] / total if total else 100.0
+    eta = snapshot.get("eta_s")
+    eta_text = "done" if snapshot["bytes_done"] >= total else ("ETA ?" if eta is None else f"ETA {format_eta(eta)}")
+    return (
+        f"{human_bytes(snapshot['bytes_done'])} of {human_bytes(total)} ({percent:.0f}%), "
+        f"{human_bytes(snapshot['rate_bytes_per_s'])}/s, {eta_text}"
+    )
+
+
+def format_eta(seconds: int) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 # ---------------------------------------------------------------- HTTP
@@ -155,60 +177,30 @@ class HttpClient:
         except ValueError as exc:
             raise ModelStoreError(f"{url} did not answer with JSON: {exc}") from exc
 
-    def download(self, url: str, part: str, expected: RemoteFile, report: Callable[[int, int], None]) -> None:
-        """Append the missing bytes of expected to part, resuming at its current size."""
-        offset = os.path.getsize(part) if os.path.exists(part) else 0
-        if offset >= expected.size:
-            return
-        headers = {"Range": f"bytes={offset}-"} if offset else {}
-        try:
-            response = self.request(url, headers)
-        except urllib.error.HTTPError as exc:
-            if retryable_http(exc):
-                raise TransferInterruptedError(http_error_text(exc, url)) from exc
-            raise ModelStoreError(http_error_text(exc, url)) from exc
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            raise TransferInterruptedError(f"cannot reach {url}: {exc}") from exc
-        with response:
-            mode = "ab"
-            if offset and response.status == 200:
-                offset, mode = 0, "wb"  # the server ignored Range: start again rather than corrupt the file
-            elif response.status == 206:
-                check_content_range(response.headers.get("Content-Range"), offset, expected, url)
-            copy_stream(response, part, mode, (offset, expected.size), report)
+    def open_range(self, url: str, start: int, end: int, size: int) -> http.client.HTTPResponse:
+        """Ask for bytes [start, end) of a file of `size` bytes (no Range header for the whole file)."""
+        whole = start == 0 and end == size
+        return self.request(url, None if whole else {"Range": f"bytes={start}-{end - 1}"})
 
 
-def check_content_range(header: str | None, offset: int, expected: RemoteFile, url: str) -> None:
-    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", (header or "").strip())
-    if not match or int(match.group(1)) != offset:
-        raise ModelStoreError(f"{url} answered Range bytes={offset}- with Content-Range {header!r}")
-    if match.group(3) != "*" and int(match.group(3)) != expected.size:
-        raise ModelStoreError(
-            f"{url} is {match.group(3)} bytes but the listing says {expected.size}: the source changed "
-            "while fetching; re-run to list it again"
-        )
-
-
-def copy_stream(stream, part: str, mode: str, span: tuple[int, int], report: Callable[[int, int], None]) -> None:
-    """Copy stream into part from byte span[0] up to span[1] (the file size), reporting progress."""
+def copy_stream(stream, part: str, span: tuple[int, int], digest: Digest, report: Callable[[int], None]) -> None:
+    """Append stream to part from byte span[0] up to span[1] (the file size), hashing what passes."""
     offset, size = span
     done = offset
     try:
-        with open(part, mode) as out:
+        with open(part, "ab") as out:
             while done < size:
                 chunk = stream.read(min(CHUNK, size - done))
                 if not chunk:
                     break
                 out.write(chunk)
+                digest.update(chunk)
                 done += len(chunk)
-                report(done, done - offset)
-    except (OSError, http.client.HTTPException) as exc:
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename == part:
-            raise ModelStoreError(f"cannot write {part}: {exc}") from exc
-        name = os.path.basename(part)
-        raise TransferInterruptedError(f"transfer of {name} stopped at {done} bytes: {exc}") from exc
+                report(done - offset)
+    except OSError as exc:
+        raise ModelStoreError(f"cannot copy into {part}: {exc}") from exc
     if done < size:
-        raise TransferInterruptedError(f"transfer of {os.path.basename(part)} stopped at {done} of {size} bytes")
+        raise ModelStoreError(f"{os.path.basename(part)}: the source ended at {done} of {size} bytes")
 
 
 # ---------------------------------------------------------------- sources
@@ -246,7 +238,8 @@ class Source:
     def list_files(self) -> tuple[str | None, list[RemoteFile]]:
         raise NotImplementedError
 
-    def transfer(self, item: RemoteFile, revision: str | None, part: str, report: Callable[[int, int], None]):
+    def transfer(self, item: RemoteFile, part: str, digest: Digest, report: Callable[[int], None]) -> bool:
+        """Move item into part (resuming); return True when the bytes went through digest on the way."""
         raise NotImplementedError
 
     def local_root(self) -> str | None:
@@ -275,11 +268,13 @@ class HubSource(Source):
                 url = self.endpoint() + url
         return commit, files
 
-    def transfer(self, item: RemoteFile, revision: str | None, part: str, report: Callable[[int, int], None]):
-        repo = urllib.parse.quote(self.spec["repo"], safe="/")
-        path = urllib.parse.quote(item.path, safe="/")
-        url = f"{self.endpoint()}/{repo}/resolve/{revision}/{path}"
-        HttpClient(self.token, self.timeout).download(url, part, item, report)
+    client: dict = {"venv": "", "workers": 8, "xet": True, "verify": "read"}  # noqa: RUF012 (set per run)
+
+    def fetch_with_client(self, store: ModelStore, items: list[RemoteFile], revision: str | None,
+                          deadline: float | None) -> list[str]:
+        if not revision:
+            raise ModelStoreError(f"no commit is known for {self.spec['repo']}: list the source again")
+        return HubClientRun(store, self, items, revision, deadline).run()
 
 
 class MirrorSource(Source):
@@ -292,9 +287,8 @@ class MirrorSource(Source):
         revision = doc.get("revision") if isinstance(doc, dict) else None
         return (revision if isinstance(revision, str) else None), parse_manifest(doc)
 
-    def transfer(self, item: RemoteFile, revision: str | None, part: str, report: Callable[[int, int], None]):
-        url = self.base() + urllib.parse.quote(item.path, safe="/")
-        HttpClient(self.token, self.timeout).download(url, part, item, report)
+    def url_of(self, item: RemoteFile) -> str:
+        return self.base() + urllib.parse.quote(item.path, safe="/")
 
 
 class LocalSource(Source):
@@ -324,15 +318,18 @@ class LocalSource(Source):
         revision = published.get("revision") if isinstance(published, dict) else None
         return revision, files
 
-    def transfer(self, item: RemoteFile, revision: str | None, part: str, report: Callable[[int, int], None]):
+    def transfer(self, item: RemoteFile, part: str, digest: Digest, report: Callable[[int], None]) -> bool:
         offset = os.path.getsize(part) if os.path.exists(part) else 0
+        if offset:
+            digest.update_from_file(part, offset)  # the kept bytes, read once
         source_path = os.path.join(self.local_root(), item.path)
         try:
             with open(source_path, "rb") as stream:
                 stream.seek(offset)
-                copy_stream(stream, part, "ab", (offset, item.size), report)
+                copy_stream(stream, part, (offset, item.size), digest, report)
         except FileNotFoundError as exc:
             raise ModelStoreError(f"{source_path} disappeared from the source") from exc
+        return True
 
 
 class RsyncSource(Source):
@@ -354,11 +351,13 @@ class RsyncSource(Source):
     def list_files(self) -> tuple[str | None, list[RemoteFile]]:
         return None, parse_rsync_list(self.run(["--list-only", "-r", "--", self.src()]))
 
-    def transfer(self, item: RemoteFile, revision: str | None, part: str, report: Callable[[int, int], None]):
-        # --append-verify resumes at the part's size and checks the whole file when done
+    def transfer(self, item: RemoteFile, part: str, digest: Digest, report: Callable[[int], None]) -> bool:
+        # --append-verify resumes at the part's size and checks the whole file when done; rsync writes
+        # the bytes, so they are read once afterwards for the sha256
+        before = os.path.getsize(part) if os.path.exists(part) else 0
         self.run(["--append-verify", "--", self.src() + item.path, part])
-        size = os.path.getsize(part)
-        report(size, size)
+        report(os.path.getsize(part) - before)
+        return False
 
 
 SOURCE_CLASSES: dict[str, type[Source]] = {
@@ -370,9 +369,12 @@ SOURCE_CLASSES: dict[str, type[Source]] = {
 }
 
 
-def make_source(spec: dict, token: str | None, timeout: float) -> Source:
+def make_source(spec: dict, token: str | None, timeout: float, hf_client: dict | None = None) -> Source:
     kind = validate_source(spec)["type"]
-    return SOURCE_CLASSES[kind](spec, token, timeout)
+    source = SOURCE_CLASSES[kind](spec, token, timeout)
+    if isinstance(source, HubSource) and hf_client:
+        source.client = {**HubSource.client, **hf_client}
+    return source
 
 
 def redacted(spec: dict) -> dict:
@@ -421,7 +423,14 @@ class ModelStore:
         retries: int = 3,
         retry_delay: float = 2.0,
         verify_checksums: bool = True,
+        streams: int = 4,
+        piece_bytes: int = 64 * 1024 * 1024,
+        buffer_bytes: int = 256 * 1024 * 1024,
     ) -> None:
+        self.streams = streams
+        self.piece_bytes = piece_bytes
+        self.buffer_bytes = buffer_bytes
+        self.progress = Progress(None, 0, 0)
         self.dest = os.path.abspath(dest)
         self.source = source
         self.reserve_bytes = reserve_bytes
@@ -465,8 +474,7 @@ class ModelStore:
                 elif not still_verified(verified.get(item.path), full, item):
                     unverified.append(item.path)
                 continue
-            part = full + PART_SUFFIX
-            part_bytes = os.path.getsize(part) if os.path.isfile(part) else 0
+            part_bytes = kept_bytes(self.dest, item.path, item.size)
             to_fetch.append({**item.to_dict(), "part_bytes": part_bytes})
         needed = sum(entry["size"] - min(entry["part_bytes"], entry["size"]) for entry in to_fetch)
         free, measured_on = statvfs_free(self.dest)
@@ -521,34 +529,82 @@ class ModelStore:
 
     # -- fetch
 
-    def fetch(self, plan: dict, only: list[str] | None = None) -> list[str]:
+    def fetch(self, plan: dict, only: list[str] | None = None, deadline: float | None = None) -> list[str]:
+        """Fetch the missing files (all, or `only`); after `deadline` (monotonic) start no new file.
+
+        Returns the files finished. `self.progress` holds bytes done, rate and ETA of this call.
+        """
         if plan["conflicts"]:
             raise ModelStoreError(self.conflict_message(self.dest, plan["conflicts"]))
         self.check_disk(plan)
         entries = [entry for entry in plan["to_fetch"] if only is None or entry["path"] in only]
-        progress = Progress(
-            os.path.join(self.dest, PROGRESS_FILE),
-            sum(entry["size"] - entry["part_bytes"] for entry in entries),
+        items = [RemoteFile.from_dict({k: v for k, v in entry.items() if k != "part_bytes"}) for entry in entries]
+        self.progress = Progress(
+            os.path.join(self.dest, PROGRESS_FILE), plan["bytes_total"], plan["bytes_total"] - plan["needed_bytes"]
         )
-        fetched = []
-        for entry in entries:
-            item = RemoteFile.from_dict({key: entry[key] for key in entry if key != "part_bytes"})
-            self.fetch_one(item, plan["revision"], progress)
+        os.makedirs(self.dest, exist_ok=True)
+        if isinstance(self.source, MirrorSource):
+            fetched = self.fetch_parallel(items, deadline)
+        elif isinstance(self.source, HubSource):
+            fetched = self.source.fetch_with_client(self, items, plan["revision"], deadline)
+        else:
+            fetched = self.fetch_one_by_one(items, deadline)
+        self.progress.update(self.progress.moved, final=True)
+        return fetched
+
+    def record_fetched(self, item: RemoteFile, sha256: str | None) -> None:
+        self.record_method(item, verification_method(item) if self.verify_checksums else "size", sha256)
+
+    def record_method(self, item: RemoteFile, method: str, sha256: str | None) -> None:
+        record_verified(self.dest, item.path, method, sha256)
+
+    def fetch_parallel(self, items: list[RemoteFile], deadline: float | None) -> list[str]:
+        client = HttpClient(self.source.token, self.source.timeout)
+        fetch = ParallelFetch(
+            self.dest,
+            items,
+            self.source.url_of,
+            client.open_range,
+            streams=self.streams,
+            piece_bytes=self.piece_bytes,
+            buffer_bytes=self.buffer_bytes,
+            retries=self.retries,
+            retry_delay=self.retry_delay,
+            verify_checksums=self.verify_checksums,
+            deadline=deadline,
+            on_file_done=self.record_fetched,
+        )
+
+        def report() -> None:
+            self.progress.update(fetch.received)
+
+        return fetch.run(report)
+
+    def fetch_one_by_one(self, items: list[RemoteFile], deadline: float | None) -> list[str]:
+        fetched: list[str] = []
+        moved_before = 0
+        for item in items:
+            if fetched and deadline is not None and time.monotonic() >= deadline:
+                break
+            full = os.path.join(self.dest, item.path)
+            part = full + PART_SUFFIX
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            moved_before += self.fetch_one(item, part, moved_before)
             fetched.append(item.path)
         return fetched
 
-    def fetch_one(self, item: RemoteFile, revision: str | None, progress: Progress) -> None:
-        full = os.path.join(self.dest, item.path)
-        part = full + PART_SUFFIX
-        os.makedirs(os.path.dirname(full), exist_ok=True)
+    def fetch_one(self, item: RemoteFile, part: str, moved_before: int) -> int:
+        """Move one file with the source's own transfer; return the bytes moved."""
         attempt = 0
+        kept = os.path.getsize(part) if os.path.exists(part) else 0
 
-        def report(done: int, moved: int) -> None:
-            progress.update(item.path, done, item.size, moved)
+        def report(moved: int) -> None:
+            self.progress.update(moved_before + moved, item.path)
 
         while True:
+            digest = Digest(item.size, want_git_oid=bool(item.git_oid))
             try:
-                self.source.transfer(item, revision, part, report)
+                hashed = self.source.transfer(item, part, digest, report)
                 break
             except TransferInterruptedError as exc:
                 attempt += 1
@@ -559,25 +615,25 @@ class ModelStore:
                         f"{item.size} bytes kept in {part}: re-run to resume"
                     ) from exc
                 time.sleep(min(self.retry_delay * 2 ** (attempt - 1), 60))
-        progress.done_before += item.size
-        sha256 = self.verify_part(item, part)
-        os.replace(part, full)
-        record_verified(self.dest, item.path, verification_method(item) if self.verify_checksums else "size", sha256)
+        sha256 = self.verify_part(item, part, digest if hashed else None)
+        os.replace(part, os.path.join(self.dest, item.path))
+        self.record_fetched(item, sha256)
+        return item.size - kept
 
-    def verify_part(self, item: RemoteFile, part: str) -> str | None:
-        """Check size and published checksums; return the sha256 (computed when checksums are on).
+    def verify_part(self, item: RemoteFile, part: str, digest: Digest | None) -> str | None:
+        """Check size and published checksums; return the sha256.
 
-        The sha256 is recorded even when the source publishes none, so that the manifest of this
+        `digest` holds the bytes hashed during the transfer; without it (rsync wrote the file) the part is
+        read once. The sha256 is recorded even when the source publishes none, so that the manifest of this
         directory lets it serve as a verified `type: http` mirror or `local` source later.
         """
         size = os.path.getsize(part)
         if size != item.size:
             raise ModelStoreError(f"{part} is {size} bytes, expected {item.size}: re-run to resume")
-        if not self.verify_checksums:
-            return item.sha256
-        digest = Digest(item.size, want_git_oid=bool(item.git_oid))
-        digest.update_from_file(part)
-        mismatch = digest.mismatch(item)
+        if digest is None:
+            digest = Digest(item.size, want_git_oid=bool(item.git_oid))
+            digest.update_from_file(part)
+        mismatch = digest.mismatch(item) if self.verify_checksums else None
         if mismatch:
             bad = part + ".rejected"
             os.replace(part, bad)

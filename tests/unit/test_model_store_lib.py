@@ -16,6 +16,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 bws_model = load_module_util("bws_model")
+parallel = load_module_util("bws_model_parallel")
+load_module_util("bws_model_hub")
 transfer = load_module_util("bws_model_transfer")
 ModelStoreError = bws_model.ModelStoreError
 
@@ -327,18 +329,143 @@ def test_batches_group_small_files_and_keep_large_ones_alone():
 
 
 def test_progress_file_reports_bytes_rate_and_eta(tmp_path):
-    progress = transfer.Progress(str(tmp_path / "progress.json"), total_bytes=1000)
-    progress.update("x.safetensors", 300, 1000, 300, final=True)
+    progress = transfer.Progress(str(tmp_path / "progress.json"), total_bytes=1000, done_before=100)
+    progress.update(300, "x.safetensors", final=True)
     doc = json.loads((tmp_path / "progress.json").read_text())
     assert doc["file"] == "x.safetensors"
-    assert doc["bytes_done"] == 300 and doc["bytes_total"] == 1000
+    assert doc["bytes_done"] == 400 and doc["bytes_total"] == 1000 and doc["slice_bytes"] == 300
     assert doc["rate_bytes_per_s"] > 0 and doc["eta_s"] is not None
+    line = transfer.progress_line(doc)
+    assert line.startswith("400 B of 1000 B (40%), ") and "/s, ETA " in line
 
 
-def test_content_range_must_start_at_the_part_size():
+def test_content_range_must_start_at_the_range_asked_for():
     item = bws_model.RemoteFile("x", 100)
-    transfer.check_content_range("bytes 40-99/100", 40, item, "u")
+    check = parallel.ParallelFetch.check_answer
+
+    class Answer:
+        status = 206
+
+        def __init__(self, header: str) -> None:
+            self.headers = {"Content-Range": header}
+
+    assert check(Answer("bytes 40-99/100"), parallel.Piece(40, 100), item, "u") == 0
     with pytest.raises(ModelStoreError, match="Content-Range"):
-        transfer.check_content_range("bytes 0-99/100", 40, item, "u")
+        check(Answer("bytes 0-99/100"), parallel.Piece(40, 100), item, "u")
     with pytest.raises(ModelStoreError, match="source changed"):
-        transfer.check_content_range("bytes 40-119/120", 40, item, "u")
+        check(Answer("bytes 40-119/120"), parallel.Piece(40, 100), item, "u")
+
+
+# ---------------------------------------------------------------- parallel ranges, hashed in order
+
+
+class FakeRanges:
+    """Serves bytes [start, end) of in-memory files like urllib would, cutting chosen ranges short once."""
+
+    def __init__(self, files: dict[str, bytes], cut: dict[int, int] | None = None, delay_first: float = 0.0):
+        self.files = files
+        self.cut = dict(cut or {})  # range start -> bytes to send before the connection drops
+        self.asked: list[tuple[str, int, int]] = []
+        self.delay_first = delay_first
+
+    def open(self, url: str, start: int, end: int, size: int):
+        import io
+        import time
+
+        self.asked.append((url, start, end))
+        if self.delay_first and start == 0:
+            time.sleep(self.delay_first)  # the first range arrives last: later ranges must wait for it
+        body = self.files[url][start:end]
+        if start in self.cut:
+            body = body[: self.cut.pop(start)]
+        answer = io.BytesIO(body)
+        answer.status = 206
+        answer.headers = {"Content-Range": f"bytes {start}-{end - 1}/{size}"}
+        return answer
+
+
+def parallel_fetch(dest: Path, files: dict[str, bytes], server: FakeRanges, **kwargs):
+    items = [
+        bws_model.RemoteFile(name, len(data), sha256=hashlib.sha256(data).hexdigest()) for name, data in files.items()
+    ]
+    recorded = {}
+    fetch = parallel.ParallelFetch(
+        str(dest),
+        items,
+        lambda item: item.path,
+        server.open,
+        retry_delay=0.0,
+        on_file_done=lambda item, sha: recorded.__setitem__(item.path, sha),
+        **kwargs,
+    )
+    return fetch, recorded
+
+
+def test_ranges_on_several_streams_are_hashed_in_order_while_they_arrive(tmp_path):
+    data = os.urandom(5 * 1024 * 1024 + 123)
+    files = {"big.safetensors": data, "small.json": b"{}"}
+    server = FakeRanges(files, delay_first=0.3)
+    fetch, recorded = parallel_fetch(tmp_path, files, server, streams=4, piece_bytes=1024 * 1024)
+    assert sorted(fetch.run()) == ["big.safetensors", "small.json"]
+    assert (tmp_path / "big.safetensors").read_bytes() == data
+    assert recorded["big.safetensors"] == hashlib.sha256(data).hexdigest()
+    starts = sorted(start for url, start, _ in server.asked if url == "big.safetensors")
+    assert starts == [i * 1024 * 1024 for i in range(6)]
+    assert not list(tmp_path.rglob("*.part")) and not (tmp_path / ".model_store" / "parts" / "big.safetensors.json").exists()
+
+
+def test_memory_held_ahead_of_the_hashing_position_stays_within_the_budget(tmp_path, monkeypatch):
+    data = os.urandom(12 * 1024 * 1024)
+    server = FakeRanges({"f": data}, delay_first=0.5)
+    fetch, _ = parallel_fetch(tmp_path, {"f": data}, server, streams=4, piece_bytes=1024 * 1024, buffer_bytes=4 * 1024**2)
+    peak = []
+    original = fetch.copy_piece
+
+    def watched(job, piece, response):
+        original(job, piece, response)
+        peak.append(fetch.buffered)
+
+    monkeypatch.setattr(fetch, "copy_piece", watched)
+    fetch.run()
+    # the budget, plus the chunk of the range at the hashing position that is never held back
+    assert 3 * 1024 * 1024 <= max(peak) <= 4 * 1024 * 1024 + parallel.CHUNK
+    assert (tmp_path / "f").read_bytes() == data
+
+
+def test_a_truncated_range_is_fetched_again_from_where_it_stopped(tmp_path):
+    data = os.urandom(3 * 1024 * 1024)
+    server = FakeRanges({"f": data}, cut={1024 * 1024: 1000})
+    fetch, recorded = parallel_fetch(tmp_path, {"f": data}, server, streams=2, piece_bytes=1024 * 1024)
+    fetch.run()
+    assert (tmp_path / "f").read_bytes() == data and recorded["f"] == hashlib.sha256(data).hexdigest()
+    assert ("f", 1024 * 1024 + 1000, 2 * 1024 * 1024) in server.asked
+
+
+def test_kept_ranges_of_an_interrupted_run_are_not_fetched_again(tmp_path):
+    data = os.urandom(4 * 1024 * 1024)
+    mib = 1024 * 1024
+    server = FakeRanges({"f": data}, cut={2 * mib: 5000})
+    fetch, _ = parallel_fetch(tmp_path, {"f": data}, server, streams=2, piece_bytes=mib, retries=0)
+    with pytest.raises(ModelStoreError, match=r"^f: .*gave up after 0 retries: re-run to resume"):
+        fetch.run()
+    assert not (tmp_path / "f").exists()
+    kept = parallel.kept_ranges(str(tmp_path), "f", len(data))
+    assert (2 * mib, 2 * mib + 5000) in kept or any(s <= 2 * mib and e == 2 * mib + 5000 for s, e in kept)
+    server.asked.clear()
+    fetch, recorded = parallel_fetch(tmp_path, {"f": data}, server, streams=2, piece_bytes=mib)
+    fetch.run()
+    assert (tmp_path / "f").read_bytes() == data and recorded["f"] == hashlib.sha256(data).hexdigest()
+    fetched_again = sum(end - start for _, start, end in server.asked)
+    assert fetched_again == len(data) - sum(e - s for s, e in kept)
+
+
+def test_a_sha256_mismatch_names_the_file_and_leaves_nothing_that_looks_complete(tmp_path):
+    data = os.urandom(2 * 1024 * 1024)
+    server = FakeRanges({"f.safetensors": data})
+    fetch, recorded = parallel_fetch(tmp_path, {"f.safetensors": data}, server, piece_bytes=1024 * 1024)
+    fetch.waiting[0][1].sha256 = "0" * 64
+    with pytest.raises(ModelStoreError, match=r"^f.safetensors downloaded with sha256 .* set aside as .*rejected"):
+        fetch.run()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["f.safetensors.part.rejected"]
+    assert parallel.kept_ranges(str(tmp_path), "f.safetensors", len(data)) == []
+    assert recorded == {}
