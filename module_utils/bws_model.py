@@ -13,6 +13,7 @@ import json
 import os
 import struct
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -28,6 +29,8 @@ HF_CLIENT_DIR = ".cache/huggingface"
 MANIFEST_FORMAT = 1
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
 HASH_CHUNK = 8 * 1024 * 1024
+# transfers run in threads: one writer at a time for the state files of a directory
+_STATE_LOCK = threading.RLock()
 
 FETCH_HINT = (
     "run `ansible-playbook playbooks/fetch_models.yml -e engine_profile=<profile>` to fetch or resume it "
@@ -271,7 +274,7 @@ def read_json(path: str) -> object | None:
 
 def write_json_atomic(path: str, doc: object) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as handle:
         json.dump(doc, handle, indent=1, sort_keys=True)
         handle.write("\n")
@@ -293,12 +296,13 @@ def load_verified(root: str) -> dict:
 
 def record_verified(root: str, rel: str, method: str, sha256: str | None) -> None:
     """Remember that rel was verified, keyed by size and mtime so that a changed file is checked again."""
-    verified = load_verified(root)
-    stamp = file_stamp(os.path.join(root, rel))
-    if stamp is None:
-        return
-    verified[rel] = {**stamp, "method": method, "sha256": sha256}
-    write_json_atomic(os.path.join(root, VERIFIED_FILE), verified)
+    with _STATE_LOCK:
+        verified = load_verified(root)
+        stamp = file_stamp(os.path.join(root, rel))
+        if stamp is None:
+            return
+        verified[rel] = {**stamp, "method": method, "sha256": sha256}
+        write_json_atomic(os.path.join(root, VERIFIED_FILE), verified)
 
 
 def still_verified(record: object, path: str, expected: RemoteFile) -> bool:

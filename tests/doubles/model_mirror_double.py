@@ -7,12 +7,23 @@ endpoints the model store uses, with the Hub's answer shapes:
     GET /api/models/{owner}/{name}/revision/{rev}          -> {"id", "sha", "siblings": [{"rfilename"}]}
     GET /api/models/{owner}/{name}/tree/{rev}?recursive=true -> [{"type": "file", "path", "size", "oid",
                                                                   "lfs": {"oid": sha256, "size"}}]  (paged)
-    GET /{owner}/{name}/resolve/{rev}/{path}             -> the file (302 to H/cdn/... with --redirect-host H)
+    GET|HEAD /{owner}/{name}/resolve/{rev}/{path}        -> the file (302 to H/cdn/... with --redirect-host H)
+    GET|HEAD /cdn/{owner}/{name}/{path}                    -> the file, as the Hub's CDN (no auth asked)
     GET /mirror/{owner}/{name}/{path}                      -> the file, as a plain web server would serve it
+
+`resolve` answers carry the headers the huggingface_hub client reads (huggingface_hub 2.4.0,
+src/huggingface_hub/file_download.py get_hf_file_metadata / _get_metadata_or_catch_error and
+utils/_http.py _httpx2_follow_hub_redirects_with_backoff / hf_raise_for_status): `X-Repo-Commit` (the commit;
+the client fails without it), `ETag` (git blob id for regular files), and for LFS files (*.safetensors, *.bin,
+*.pt) `X-Linked-Etag` (the sha256) and `X-Linked-Size`; with --redirect-host the client reads these from the
+302 itself and follows `Location` to the other host without the token, as it does for the Hub's CDN. Errors
+carry `X-Error-Code` / `X-Error-Message` as the Hub's do (`GatedRepo` with --gated, `EntryNotFound`).
 
 Files honour `Range: bytes=N-` / `bytes=N-M` (206 + Content-Range). Faults, to test for real:
     --cut-after N --cut-count K   the first K file bodies longer than N stop after N bytes (connection closed)
     --token T                     API and resolve answer 401 without `Authorization: Bearer T`
+    --gated                       a gated repository: the API answers anyone, files need the token, and a 401
+                                  says `X-Error-Code: GatedRepo` (as the Hub answers for gated repositories)
     --page-size P                 tree pages of P entries, linked with `Link: <...>; rel="next"`
     --no-range                    ignore Range and always answer 200 with the whole file
 Every request is logged as one JSON line to --log (method, path, range, status, bytes, auth) so that tests
@@ -63,6 +74,16 @@ def tree_entry(repo_dir: str, rel: str) -> dict:
     if rel.endswith(LFS_SUFFIXES):
         entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
     return entry
+
+
+def hub_headers(repo_dir: str, rel: str, commit: str) -> dict[str, str]:
+    """The metadata headers of a Hub `resolve` answer (see the module docstring for where the client reads them)."""
+    entry = tree_entry(repo_dir, rel)
+    headers = {"X-Repo-Commit": commit, "ETag": f'"{entry["oid"]}"'}
+    if "lfs" in entry:
+        headers["X-Linked-Etag"] = f'"{entry["lfs"]["oid"]}"'
+        headers["X-Linked-Size"] = str(entry["size"])
+    return headers
 
 
 class State:
@@ -127,9 +148,48 @@ class Handler(BaseHTTPRequestHandler):
     def authorised(self) -> bool:
         token = self.state.args.token
         if token and self.headers.get("Authorization") != f"Bearer {token}":
-            self.reply_json(401, {"error": "Invalid credentials"}, {"X-Error-Message": "Invalid credentials"})
+            if self.state.args.gated:
+                text = "Access to this model is restricted. You must have access to it and be authenticated."
+                headers = {"X-Error-Code": "GatedRepo", "X-Error-Message": text}
+            else:
+                text = "Invalid credentials"
+                headers = {"X-Error-Message": text}
+            self.reply_json(401, {"error": text}, headers)
             return False
         return True
+
+    def do_HEAD(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
+        if len(parts) >= 5 and parts[2] == "resolve":
+            if self.authorised():
+                self.resolve(parts, head=True)
+            return
+        if len(parts) >= 4 and parts[0] == "cdn":
+            self.serve_file(parts[1], parts[2], "/".join(parts[3:]), head=True)
+            return
+        self.reply_json(404, {"error": "Not found"})
+
+    def resolve(self, parts: list[str], head: bool = False) -> None:
+        rel = "/".join(parts[4:])
+        repo_dir = self.repo_dir(parts[0], parts[1])
+        full = os.path.join(repo_dir, rel) if repo_dir else ""
+        if not repo_dir or not os.path.isfile(full) or ".." in rel.split("/"):
+            self.reply_json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+            return
+        hub = hub_headers(repo_dir, rel, fake_commit(f"{parts[0]}/{parts[1]}", parts[3]))
+        if self.state.args.redirect_host and "X-Linked-Etag" in hub:
+            port = self.server.server_address[1]
+            location = "/cdn/" + urllib.parse.quote(f"{parts[0]}/{parts[1]}/{rel}")
+            self.send_response(302)
+            self.send_header("Location", f"http://{self.state.args.redirect_host}:{port}{location}")
+            self.send_header("Content-Length", "0")
+            for key, value in hub.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.record(302)
+            return
+        self.serve_file(parts[0], parts[1], rel, head=head, extra=hub)
 
     def repo_dir(self, owner: str, name: str) -> str | None:
         path = os.path.join(self.state.args.root, owner, name)
@@ -139,23 +199,12 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
         if len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] in ("revision", "tree"):
-            if self.authorised():
+            if self.state.args.gated or self.authorised():
                 self.api(parts[2], parts[3], parts[4], parts[5], urllib.parse.parse_qs(url.query))
             return
         if len(parts) >= 5 and parts[2] == "resolve":
-            if not self.authorised():
-                return
-            rel = "/".join(parts[4:])
-            if self.state.args.redirect_host:
-                port = self.server.server_address[1]
-                location = "/cdn/" + urllib.parse.quote(f"{parts[0]}/{parts[1]}/{rel}")
-                self.send_response(302)
-                self.send_header("Location", f"http://{self.state.args.redirect_host}:{port}{location}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                self.record(302)
-                return
-            self.serve_file(parts[0], parts[1], rel)
+            if self.authorised():
+                self.resolve(parts)
             return
         if len(parts) >= 4 and parts[0] in ("cdn", "mirror"):
             self.serve_file(parts[1], parts[2], "/".join(parts[3:]))
@@ -184,7 +233,9 @@ class Handler(BaseHTTPRequestHandler):
             extra["Link"] = f'<{next_url}>; rel="next"'
         self.reply_json(200, page, extra)
 
-    def serve_file(self, owner: str, name: str, rel: str) -> None:
+    def serve_file(
+        self, owner: str, name: str, rel: str, head: bool = False, extra: dict[str, str] | None = None
+    ) -> None:
         repo_dir = self.repo_dir(owner, name)
         full = os.path.realpath(os.path.join(repo_dir or "/nonexistent", rel))
         inside = repo_dir is not None and full.startswith(os.path.realpath(repo_dir) + os.sep)
@@ -211,7 +262,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
         self.end_headers()
+        if head:
+            self.record(status)
+            return
         cut = self.state.take_cut(end - start + 1)
         sent = 0
         with open(full, "rb") as handle:
@@ -246,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "--redirect-host", help="answer resolve with a 302 to http://<this host>:<port>/cdn/..."
     )
     parser.add_argument("--no-range", action="store_true")
+    parser.add_argument("--gated", action="store_true", help="401 answers say X-Error-Code: GatedRepo")
     args = parser.parse_args(argv)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True

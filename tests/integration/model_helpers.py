@@ -21,6 +21,9 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOUBLE = REPO_ROOT / "tests" / "doubles" / "model_mirror_double.py"
 PLAYBOOK = REPO_ROOT / "playbooks" / "fetch_models.yml"
+# The model store's tools venv (huggingface_hub from roles/model_store/files/hf-client.lock): the role builds
+# it on first use and keeps it, like any host would.
+TOOLS_VENV = Path.home() / ".cache" / "blackwell-serving" / "model-store-tools"
 
 
 def safetensors_bytes(tensors: dict[str, int], seed: int) -> bytes:
@@ -119,6 +122,10 @@ def run_fetch_playbook(
         "model_store_retry_delay_s": 0.0,
         "model_store_install_tools": False,
         "model_store_batch_bytes": 40000,  # each tiny shard on its own output line
+        "model_store_tools_venv": str(TOOLS_VENV),
+        "model_store_hf_xet": False,  # Xet storage cannot be reached from the tests
+        "model_store_hf_workers": 4,
+        "model_store_http_piece_mib": 1,  # ranges of 1 MiB so that small test files move in parallel ranges
         **(extra_vars or {}),
     }
     inventory.write_text(

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from model_helpers import (
     REPO_ROOT,
+    TOOLS_VENV,
     hf_profile,
     make_tiny_model,
     mirror_double,
@@ -39,6 +40,18 @@ def write_mirror_manifest(model_dir: Path) -> None:
         check=True,
         capture_output=True,
     )
+
+
+def assert_manifest_is_sha256sum(dest: Path) -> None:
+    """Every sha256 of the manifest equals an independent sha256sum(1) of the file; nothing else is listed."""
+    manifest = json.loads((dest / ".model_store" / "manifest.json").read_text())
+    assert manifest["complete"] is True
+    recorded = {entry["path"]: entry["sha256"] for entry in manifest["files"]}
+    skipped = {".model_store", ".cache"}
+    on_disk = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() and not skipped & set(p.parts))
+    assert sorted(recorded) == on_disk
+    output = subprocess.run(["sha256sum", *on_disk], cwd=dest, capture_output=True, text=True, check=True).stdout
+    assert {line.split()[1]: line.split()[0] for line in output.splitlines()} == recorded
 
 
 def same_tree(source: Path, copy: Path) -> bool:
@@ -80,19 +93,23 @@ def test_hub_and_mirror_fetch_is_complete_verified_and_idempotent():
             assert first.recap()["changed"] >= 2
             assert same_tree(hub / "acme" / "tiny", work / "models" / "tiny")
             assert same_tree(hub / "acme" / "draft", work / "models" / "draft")
-            assert "draft: 4 files: " in first.output
+            assert f"{work / 'models' / 'draft'}: 47.3 KiB of 47.3 KiB (100%)" in first.output
+            assert "done; finished 6 files" in first.output
             assert TOKEN not in first.output
-            manifest = json.loads((work / "models" / "tiny" / ".model_store" / "manifest.json").read_text())
-            assert manifest["complete"] is True
-            assert all(
-                len(entry["sha256"]) == 64 for entry in manifest["files"] if entry["path"].endswith(".safetensors")
-            )
+            for dest in (work / "models" / "tiny", work / "models" / "draft"):
+                assert_manifest_is_sha256sum(dest)
+            # the Hub files came through the huggingface_hub client, whose state stays out of the manifest
+            assert (work / "models" / "tiny" / ".cache" / "huggingface" / "download").is_dir()
             shard_mode = stat.S_IMODE((work / "models" / "tiny" / SHARD).stat().st_mode)
             assert shard_mode == 0o644
             requests = mirror.requests()
-            # the LFS redirect goes to another host name: the token went to the API and resolve, never the CDN
+            # the client asks resolve with HEAD (with the token); LFS files redirect to another host name, which
+            # the client follows without the token
+            heads = [r for r in requests if r["method"] == "HEAD" and "/resolve/" in r["path"]]
+            assert len(heads) == 6 and all(r["auth"] for r in heads)
+            assert sorted(r["status"] for r in heads) == [200, 200, 200, 302, 302, 302]
             cdn = [r for r in requests if r["path"].startswith("/cdn/")]
-            assert cdn and not any(r["auth"] for r in cdn)
+            assert len(cdn) == 3 and not any(r["auth"] for r in cdn)
             assert any("cursor=2" in r["path"] for r in requests), "the paged tree was not followed"
 
             second = run_fetch_playbook(work, profiles, extra)
@@ -101,38 +118,81 @@ def test_hub_and_mirror_fetch_is_complete_verified_and_idempotent():
             assert len(mirror.requests()) == len(requests), "a complete copy was listed again without refresh"
 
 
-def test_interrupted_transfer_resumes_from_the_partial_file():
+def mirror_profile(dest: Path, url: str) -> dict:
+    return {"tiny": {"model": {"path": str(dest), "source": {"type": "http", "url": url}}, "drafter": None}}
+
+
+def test_mirror_ranges_resume_across_runs_and_a_truncated_range_is_fetched_again():
     with scratch() as work:
         hub = work / "hub"
-        source = make_tiny_model(hub / "acme" / "tiny")
+        source = make_tiny_model(hub / "acme" / "tiny", floats_per_tensor=300_000)  # 2.3 MiB shards: 3 ranges each
+        write_mirror_manifest(source)
         dest = work / "models" / "tiny"
-        profiles = hf_profile("tiny", dest, "acme/tiny", "")
-        extra = {"engine_profile": "tiny", "model_store_retries": 1}
-        # bodies longer than 20000 bytes are cut after 20000 bytes, twice: one resume within the run, then
-        # the run gives up
-        with mirror_double(hub, work / "cut.jsonl", "--cut-after", "20000", "--cut-count", "2") as mirror:
-            profiles["tiny"]["model"]["source"]["endpoint"] = mirror.url
-            first = run_fetch_playbook(work, profiles, extra)
+        extra = {"engine_profile": "tiny", "model_store_retries": 0}
+        # the first body longer than 20000 bytes stops after 20000 bytes, and no retry is allowed: the run fails
+        with mirror_double(hub, work / "cut.jsonl", "--cut-after", "20000", "--cut-count", "1") as mirror:
+            first = run_fetch_playbook(work, mirror_profile(dest, f"{mirror.url}/mirror/acme/tiny/"), extra)
+            cut = next(r for r in mirror.requests() if r["bytes"] == 20000)
         assert first.rc != 0
-        shards = sorted(p.name for p in source.glob("*.safetensors"))
-        first_shard = shards[0]
-        assert f"{first_shard}: transfer of {first_shard}.part stopped at 40000" in first.output
-        assert "re-run to resume" in first.output
-        assert (dest / f"{first_shard}.part").stat().st_size == 40000
-        assert not (dest / first_shard).exists()
-        ranges = [r["range"] for r in mirror.requests() if r["path"].endswith(first_shard)]
-        assert ranges == [None, "bytes=20000-"]
+        shard = cut["path"].rsplit("/", 1)[1]
+        assert f"{shard}: transfer of {shard}.part stopped at " in first.output
+        assert "gave up after 0 retries: re-run to resume" in first.output
+        assert not (dest / shard).exists()
+        record = json.loads((dest / ".model_store" / "parts" / f"{shard}.json").read_text())
+        cut_start = int(cut["range"].split("=")[1].split("-")[0]) if cut["range"] else 0
+        assert [cut_start, cut_start + 20000] in record["done"] or any(
+            start <= cut_start and end == cut_start + 20000 for start, end in record["done"]
+        )
+        parts = dest / ".model_store" / "parts"
 
-        with mirror_double(hub, work / "resume.jsonl") as mirror:
-            profiles["tiny"]["model"]["source"]["endpoint"] = mirror.url
-            second = run_fetch_playbook(work, profiles, extra)
+        def kept(name: str) -> int:
+            doc = json.loads((parts / f"{name}.json").read_text()) if (parts / f"{name}.json").exists() else {}
+            return sum(end - start for start, end in doc.get("done", []))
+
+        missing = [p for p in source.iterdir() if p.is_file() and not (dest / p.name).exists()]
+        remaining = sum(p.stat().st_size - kept(p.name) for p in missing)
+        assert 0 < remaining < sum(p.stat().st_size for p in source.iterdir() if p.is_file())
+
+        # next run: the kept ranges stay; one range is cut again and fetched again within the run
+        extra["model_store_retries"] = 1
+        with mirror_double(hub, work / "resume.jsonl", "--cut-after", "20000", "--cut-count", "1") as mirror:
+            second = run_fetch_playbook(work, mirror_profile(dest, f"{mirror.url}/mirror/acme/tiny/"), extra)
             assert second.rc == 0, second.output
-            assert f"{first_shard} (47.1 KiB, resuming at 39.1 KiB)" in second.output
-            served = [r for r in mirror.requests() if r["path"].endswith(first_shard)]
-        assert [r["range"] for r in served] == ["bytes=40000-"]
-        assert served[0]["bytes"] == (source / first_shard).stat().st_size - 40000
+            served = mirror.requests()
+        assert f"bytes={cut_start + 20000}-" in " ".join(str(r["range"]) for r in served if r["path"].endswith(shard))
+        again = next(r for r in served if r["bytes"] == 20000)
+        again_start = int(again["range"].split("=")[1].split("-")[0]) if again["range"] else 0
+        assert any(
+            r["path"] == again["path"] and str(r["range"]).startswith(f"bytes={again_start + 20000}-") for r in served
+        ), "the truncated range was not asked for again from where it stopped"
+        files = [r for r in served if not r["path"].endswith(".model_store/manifest.json")]
+        # exactly what was still missing: neither the kept ranges nor the 20000 bytes of the range cut in this run
+        # (kept, and asked for again from where it stopped) move twice
+        assert sum(r["bytes"] for r in files) == remaining
         assert same_tree(source, dest)
-        assert not list(dest.glob("*.part"))
+        assert_manifest_is_sha256sum(dest)
+        assert not list(dest.rglob("*.part")) and not list((dest / ".model_store" / "parts").rglob("*.json"))
+
+
+def test_a_sha256_mismatch_names_the_file_and_leaves_nothing_that_looks_complete():
+    with scratch() as work:
+        source = make_tiny_model(work / "hub" / "acme" / "tiny", floats_per_tensor=300_000)
+        write_mirror_manifest(source)
+        manifest_path = source / ".model_store" / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        bad = next(entry for entry in manifest["files"] if entry["path"] == SHARD)
+        bad["sha256"] = "0" * 64
+        manifest_path.write_text(json.dumps(manifest))
+        dest = work / "models" / "tiny"
+        with mirror_double(work / "hub", work / "requests.jsonl") as mirror:
+            profiles = mirror_profile(dest, f"{mirror.url}/mirror/acme/tiny/")
+            result = run_fetch_playbook(work, profiles, {"engine_profile": "tiny"})
+        assert result.rc != 0
+        assert f"{SHARD} downloaded with sha256 " in result.output
+        assert "but the source publishes " + "0" * 64 in result.output
+        assert not (dest / SHARD).exists() and not (dest / f"{SHARD}.part").exists()
+        assert (dest / f"{SHARD}.part.rejected").exists()
+        assert not (dest / ".model_store" / "manifest.json").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for tmpfs")
@@ -196,9 +256,12 @@ def test_local_and_rsync_sources_resume_and_never_overwrite_a_complete_copy():
         first = run_fetch_playbook(work, profiles, extra)
         assert first.rc == 0, first.output
         for dest in (local_dest, rsync_dest):
-            assert f"{dest}: model-00001-of-00001.safetensors (47.1 KiB, resuming at 9.8 KiB)" in first.output
+            # 9.8 KiB of the shard were kept: the first slice line counts them as done
+            assert f"{dest}: 47.3 KiB of 47.3 KiB (100%)" in first.output
         assert same_tree(local_source, local_dest)
         assert same_tree(rsync_source, rsync_dest)
+        assert_manifest_is_sha256sum(local_dest)
+        assert_manifest_is_sha256sum(rsync_dest)
         assert not (in_place / ".model_store").exists(), "an in-place directory was written to"
 
         # the source changes: a refresh must refuse, and the complete copy stays byte for byte
@@ -280,14 +343,18 @@ def test_model_check_names_the_missing_and_the_truncated_shard():
         assert shard.stat().st_size == full_size - 100  # the check changed nothing
 
 
+def load_transfer():
+    for name in ("bws_model", "bws_model_parallel", "bws_model_hub"):
+        load_module_util(name)
+    return load_module_util("bws_model_transfer")
+
+
 def hub_store(dest: Path, endpoint: str, token: str | None = None, repo: str = "acme/tiny"):
-    load_module_util("bws_model")
-    transfer = load_module_util("bws_model_transfer")
-    source = transfer.make_source({"type": "hf", "repo": repo, "endpoint": endpoint}, token, 5)
-    return transfer.ModelStore(str(dest), source, retries=0)
+    source = load_transfer().make_source({"type": "hf", "repo": repo, "endpoint": endpoint}, token, 5)
+    return load_transfer().ModelStore(str(dest), source, retries=0)
 
 
-def test_hub_errors_say_what_to_do_and_a_server_without_range_restarts_cleanly():
+def test_hub_errors_say_what_to_do_and_a_server_without_range_is_read_up_to_the_kept_bytes():
     error = load_module_util("bws_model").ModelStoreError
     with scratch() as work:
         hub = work / "hub"
@@ -299,15 +366,79 @@ def test_hub_errors_say_what_to_do_and_a_server_without_range_restarts_cleanly()
                 hub_store(work / "dest", mirror.url, token=TOKEN, repo="acme/nope").plan()
         assert not (work / "dest").exists()
 
+        write_mirror_manifest(source)
         dest = work / "dest"
         dest.mkdir()
         shard = sorted(source.glob("*.safetensors"))[0]
-        (dest / f"{shard.name}.part").write_bytes(b"\xff" * 1000)  # garbage a Range request would keep
+        (dest / f"{shard.name}.part").write_bytes(shard.read_bytes()[:1000])  # kept by an earlier run
+        transfer = load_transfer()
         with mirror_double(hub, work / "norange.jsonl", "--no-range") as mirror:
-            store = hub_store(dest, mirror.url)
+            spec = {"type": "http", "url": f"{mirror.url}/mirror/acme/tiny/"}
+            store = transfer.ModelStore(str(dest), transfer.make_source(spec, None, 5), retries=0)
             plan = store.plan()
             store.fetch(plan)
             assert store.finalize(store.plan(listing=plan["listing"])) is True
             ranges = [r["range"] for r in mirror.requests() if r["path"].endswith(shard.name)]
-        assert ranges == ["bytes=1000-"]  # asked to resume, got the whole file (200): started again from 0
+        assert ranges == [f"bytes=1000-{shard.stat().st_size - 1}"]  # got the whole file (200): read past 1000
         assert same_tree(source, dest)
+        assert_manifest_is_sha256sum(dest)
+
+
+# ---------------------------------------------------------------- the real huggingface_hub client
+
+
+def hub_extra(**more) -> dict:
+    return {"engine_profile": "tiny", "model_store_slice_s": 1, **more}
+
+
+def test_hub_client_gated_repository_fails_naming_the_token_variable():
+    with scratch() as work:
+        make_tiny_model(work / "hub" / "acme" / "tiny", shards=1)
+        dest = work / "models" / "tiny"
+        # a gated repository: the listing answers anyone, the files need an accepted token
+        with mirror_double(work / "hub", work / "requests.jsonl", "--token", TOKEN, "--gated") as mirror:
+            profiles = hf_profile("tiny", dest, "acme/tiny", mirror.url)
+            result = run_fetch_playbook(work, profiles, hub_extra(model_store_hf_token="hf_not_accepted"))
+            heads = [r for r in mirror.requests() if r["method"] == "HEAD"]
+        assert result.rc != 0
+        assert "HTTP 401 from " in result.output and "the repository is gated" in result.output
+        assert "set model_store_hf_token (default: HF_TOKEN" in result.output
+        assert "hf_not_accepted" not in result.output
+        assert heads and all(r["status"] == 401 and r["auth"] for r in heads)
+        assert not list(dest.glob("*.safetensors")) and not (dest / ".model_store" / "manifest.json").exists()
+
+
+def test_hub_client_interrupted_fetch_is_resumed():
+    with scratch() as work:
+        # one 12.2 MiB shard: the client writes in 10 MiB chunks and resumes after the last whole chunk
+        source = make_tiny_model(work / "hub" / "acme" / "tiny", shards=1, floats_per_tensor=1_600_000)
+        shard = "model-00001-of-00001.safetensors"
+        dest = work / "models" / "tiny"
+        extra = hub_extra(model_store_hf_token=TOKEN)
+        # every body longer than 100 KiB is cut: the client gives up on the shard, the small files are kept
+        with mirror_double(
+            work / "hub", work / "cut.jsonl", "--token", TOKEN, "--redirect-host", "localhost",
+            "--cut-after", "102400", "--cut-count", "100",
+        ) as mirror:
+            first = run_fetch_playbook(work, hf_profile("tiny", dest, "acme/tiny", mirror.url), extra)
+        assert first.rc != 0
+        assert f"{shard}: the huggingface_hub client failed" in first.output and "re-run to resume" in first.output
+        assert not (dest / shard).exists()
+        assert sorted(p.name for p in dest.iterdir() if p.is_file()) == [
+            "config.json", "model.safetensors.index.json", "tokenizer_config.json"
+        ]
+
+        # next run: only the shard is asked for; cut once after 11 MiB, the client resumes with a Range
+        with mirror_double(
+            work / "hub", work / "resume.jsonl", "--token", TOKEN, "--redirect-host", "localhost",
+            "--cut-after", str(11 * 1024 * 1024), "--cut-count", "1",
+        ) as mirror:
+            second = run_fetch_playbook(work, hf_profile("tiny", dest, "acme/tiny", mirror.url), extra)
+            assert second.rc == 0, second.output
+            files = [r for r in mirror.requests() if "/resolve/" in r["path"] or "/cdn/" in r["path"]]
+        assert {r["path"].rsplit("/", 1)[1] for r in files} == {shard}
+        gets = [r for r in files if r["method"] == "GET"]
+        assert [r["range"] for r in gets] == [None, "bytes=10485760-"] and not any(r["auth"] for r in gets)
+        assert same_tree(source, dest)
+        assert_manifest_is_sha256sum(dest)
+        assert (TOOLS_VENV / "hf-client.lock.installed").is_file()

@@ -411,13 +411,15 @@ def test_ranges_on_several_streams_are_hashed_in_order_while_they_arrive(tmp_pat
     assert recorded["big.safetensors"] == hashlib.sha256(data).hexdigest()
     starts = sorted(start for url, start, _ in server.asked if url == "big.safetensors")
     assert starts == [i * 1024 * 1024 for i in range(6)]
-    assert not list(tmp_path.rglob("*.part")) and not (tmp_path / ".model_store" / "parts" / "big.safetensors.json").exists()
+    assert not list(tmp_path.rglob("*.part"))
+    assert not (tmp_path / ".model_store" / "parts" / "big.safetensors.json").exists()
 
 
 def test_memory_held_ahead_of_the_hashing_position_stays_within_the_budget(tmp_path, monkeypatch):
     data = os.urandom(12 * 1024 * 1024)
     server = FakeRanges({"f": data}, delay_first=0.5)
-    fetch, _ = parallel_fetch(tmp_path, {"f": data}, server, streams=4, piece_bytes=1024 * 1024, buffer_bytes=4 * 1024**2)
+    mib = 1024 * 1024
+    fetch, _ = parallel_fetch(tmp_path, {"f": data}, server, streams=4, piece_bytes=mib, buffer_bytes=4 * mib)
     peak = []
     original = fetch.copy_piece
 
