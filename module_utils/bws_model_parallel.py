@@ -116,7 +116,8 @@ def plan_pieces(size: int, kept: list[tuple[int, int]], piece_bytes: int) -> lis
 class FileJob:
     """One file in transfer: its pieces, its `.part`, its digest and the hashing thread's result."""
 
-    def __init__(self, dest: str, item: RemoteFile, piece_bytes: int, order: int) -> None:
+    def __init__(self, dest: str, item: RemoteFile, piece_bytes: int, order: int, cv: threading.Condition) -> None:
+        self.cv = cv
         self.dest = dest
         self.item = item
         self.order = order
@@ -186,7 +187,10 @@ class ParallelFetch:
         self.verify_checksums = verify_checksums
         self.deadline = deadline
         self.on_file_done = on_file_done
-        self.cv = threading.Condition()
+        # one lock; `cv` wakes workers held back by the buffer budget, each file's `cv` its hashing thread
+        self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
+        self.held_back = 0
         self.open_jobs: list[FileJob] = []
         self.all_jobs: list[FileJob] = []
         self.hashers: list[threading.Thread] = []
@@ -221,7 +225,7 @@ class ParallelFetch:
 
     def open_next_file(self) -> FileJob | None:
         order, item = self.waiting.popleft()
-        job = FileJob(self.dest, item, self.piece_bytes, order)
+        job = FileJob(self.dest, item, self.piece_bytes, order, threading.Condition(self.lock))
         self.kept += job.kept
         self.all_jobs.append(job)
         self.open_jobs.append(job)
@@ -241,14 +245,17 @@ class ParallelFetch:
             try:
                 self.fetch_piece(job, piece)
             except BaseException as exc:
-                with self.cv:
-                    if job.error is None:
-                        job.error = exc
-                    self.cv.notify_all()
+                self.fail(job, exc)
             finally:
                 with self.cv:
                     job.inflight -= 1
-                    self.cv.notify_all()
+
+    def fail(self, job: FileJob, exc: BaseException) -> None:
+        with self.cv:
+            if job.error is None:
+                job.error = exc
+            job.cv.notify_all()
+            self.cv.notify_all()
 
     def fetch_piece(self, job: FileJob, piece: Piece) -> None:
         attempt = 0
@@ -268,7 +275,7 @@ class ParallelFetch:
         with self.cv:
             piece.done = True
             job.save_record()
-            self.cv.notify_all()
+            job.cv.notify()
 
     def stream_piece(self, job: FileJob, piece: Piece) -> None:
         url = self.url_of(job.item)
@@ -339,12 +346,14 @@ class ParallelFetch:
                     and self.buffered + len(chunk) > self.buffer_bytes
                     and job.error is None
                 ):
+                    self.held_back += 1
                     self.cv.wait(1.0)
+                    self.held_back -= 1
                 piece.chunks.append(chunk)
                 piece.next += len(chunk)
                 self.buffered += len(chunk)
                 self.received += len(chunk)
-                self.cv.notify_all()
+                job.cv.notify()  # only this file's hashing thread needs to know
 
     # -- hashing, one thread per file
 
@@ -353,21 +362,18 @@ class ParallelFetch:
             for index, piece in enumerate(job.pieces):
                 with self.cv:
                     job.hash_index = index
-                    self.cv.notify_all()
+                    if self.held_back:
+                        self.cv.notify_all()
                 if piece.kept:
                     self.hash_kept(job, piece)
                 elif not self.hash_arriving(job, piece):
                     return
             self.finish_file(job)
         except BaseException as exc:
-            with self.cv:
-                if job.error is None:
-                    job.error = exc
-                self.cv.notify_all()
+            self.fail(job, exc)
         finally:
             with self.cv:
                 job.finished = True
-                self.cv.notify_all()
 
     def hash_kept(self, job: FileJob, piece: Piece) -> None:
         with open(job.part, "rb") as handle:
@@ -384,13 +390,14 @@ class ParallelFetch:
         while True:
             with self.cv:
                 while not piece.chunks and not piece.done and job.error is None:
-                    self.cv.wait(1.0)
+                    job.cv.wait(1.0)
                 if not piece.chunks and (piece.done or job.error is not None):
                     return job.error is None
                 chunks = list(piece.chunks)
                 piece.chunks.clear()
                 self.buffered -= sum(len(chunk) for chunk in chunks)
-                self.cv.notify_all()
+                if self.held_back:
+                    self.cv.notify_all()
             for chunk in chunks:
                 job.digest.update(chunk)
 

@@ -75,6 +75,7 @@ class Progress:
         self.moved = 0
         self.file: str | None = None
         self.started = time.monotonic()
+        self.started_at = time.time()
         self.last_write = 0.0
 
     def snapshot(self) -> dict:
@@ -87,6 +88,7 @@ class Progress:
             "bytes_total": self.total,
             "slice_bytes": self.moved,
             "slice_s": round(elapsed, 3),
+            "slice_started_at": round(self.started_at, 3),
             "rate_bytes_per_s": int(rate),
             "eta_s": int((self.total - done) / rate) if rate > 0 else None,
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
