@@ -13,8 +13,8 @@ loopback (as a Hub for `type: hf` and as a plain mirror for `type: http`) and ti
 
 A playbook is timed from its start until `.model_store/manifest.json` is written (the copy is then
 verified and recorded); the whole command is timed too. Every destination is checked against the source
-before it counts. The peak memory (max RSS) of one transfer of the http source with the module's defaults
-is measured on a process that runs only the transfer. Needs the controller toolchain (ansible-playbook),
+before it counts. The http transfer alone (plan, fetch, verify, record in one process, no Ansible) is
+timed with 1, 2, 4 and 8 streams, with its peak memory (max RSS). Needs the controller toolchain (ansible-playbook),
 curl and sha256sum; run from the repository root:
 
     python3 bench/bench_model_fetch.py --gib 2 --shards 4 --reps 2 --out bench/results
@@ -130,8 +130,8 @@ def time_shell(script: str, cwd: Path) -> dict:
     return {"seconds": time.time() - start}
 
 
-def memory_of_one_transfer(url: str, dest: Path) -> int:
-    """Max RSS (bytes) of a process that runs only the http transfer with the module's defaults."""
+def transfer_alone(url: str, dest: Path, streams: int) -> dict:
+    """Wall time and max RSS of a process that runs only the http transfer (module defaults but `streams`)."""
     code = f"""
 import sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
@@ -139,16 +139,21 @@ from tests.module_utils_loader import load_module_util
 for name in ("bws_model", "bws_model_parallel", "bws_model_hub"):
     load_module_util(name)
 t = load_module_util("bws_model_transfer")
-store = t.ModelStore({str(dest)!r}, t.make_source({{"type": "http", "url": {url + "/mirror/acme/big/"!r}}}, None, 60))
+source = t.make_source({{"type": "http", "url": {url + "/mirror/acme/big/"!r}}}, None, 60)
+store = t.ModelStore({str(dest)!r}, source, streams={streams})
 plan = store.plan()
 store.fetch(plan)
 store.finalize(store.plan(listing=plan["listing"]))
 """
+    os.sync()
+    start = time.time()
     process = subprocess.Popen([sys.executable, "-c", code])
     _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.time() - start
     if status != 0:
-        raise SystemExit("the memory run failed")
-    return usage.ru_maxrss * 1024
+        raise SystemExit("the transfer alone failed")
+    drop(dest)
+    return {"streams": streams, "seconds": round(seconds, 3), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
 
 
 def run_methods(work: Path, url: str, source: Path, sums: dict[str, str], reps: int) -> dict[str, list[dict]]:
@@ -174,6 +179,7 @@ def run_methods(work: Path, url: str, source: Path, sums: dict[str, str], reps: 
             dest = work / f"dest-{rep}"
             drop(dest)
             dest.mkdir(parents=True)
+            os.sync()  # every method starts without the previous one's dirty pages
             if kind == "playbook":
                 sample = time_playbook(work, what, url, dest / "model", {})
                 check_copy(sums, dest / "model")
@@ -192,7 +198,7 @@ def run_methods(work: Path, url: str, source: Path, sums: dict[str, str], reps: 
     return results
 
 
-def summarize(results: dict[str, list[dict]], mib: float, files: int, reps: int, peak_rss: int) -> dict:
+def summarize(results: dict[str, list[dict]], mib: float, files: int, reps: int, sweep: list[dict]) -> dict:
     reference = min(s["seconds"] for s in results[NATIVE])
     rows = []
     for label, samples in results.items():
@@ -221,7 +227,9 @@ def summarize(results: dict[str, list[dict]], mib: float, files: int, reps: int,
         "load_average_at_end": os.getloadavg(),
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "peak_rss_one_http_transfer_mib": round(peak_rss / MIB, 1),
+        "http_transfer_alone_by_streams": [
+            {**row, "mib_per_s": round(mib / row["seconds"], 1)} for row in sweep
+        ],
         "rows": rows,
     }
 
@@ -244,7 +252,13 @@ def table_text(report: dict) -> str:
             f"| {row['how']} | {row['best_s']:.2f} s | {row['mib_per_s']:.0f} | {row['vs_native_reference']:.2f} | "
             f"{whole} |"
         )
-    lines.append(f"peak RSS of one http transfer (module defaults): {report['peak_rss_one_http_transfer_mib']} MiB")
+    lines.append("")
+    lines.append("http transfer alone (one process: plan, fetch, verify, record), by streams:")
+    lines.append("| streams | seconds | MiB/s | peak RSS |")
+    lines.append("|---|---|---|---|")
+    for row in report["http_transfer_alone_by_streams"]:
+        rss = row["peak_rss_mib"]
+        lines.append(f"| {row['streams']} | {row['seconds']:.2f} | {row['mib_per_s']:.0f} | {rss} MiB |")
     return "\n".join(lines) + "\n"
 
 
@@ -254,6 +268,10 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--streams", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2, 4, 8],
+        help="stream counts for the transfer-alone sweep (default 1,2,4,8)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     args = parser.parse_args()
     for tool in ("curl", "sha256sum", "tee", "ansible-playbook"):
@@ -272,13 +290,13 @@ def main() -> int:
         with mirror_double(hub, work / "requests.jsonl", "--redirect-host", "localhost") as mirror:
             (work / "requests.jsonl").unlink(missing_ok=True)
             results = run_methods(work, mirror.url, source, sums, args.reps)
-            memory_dest = work / "memory"
-            peak_rss = memory_of_one_transfer(mirror.url, memory_dest)
-            drop(memory_dest)
+            sweep = [transfer_alone(mirror.url, work / "alone", streams) for streams in args.streams]
+            for row in sweep:
+                print(f"transfer alone, {row['streams']} streams: {row['seconds']:.2f} s, {row['peak_rss_mib']} MiB")
     finally:
         drop(work)
 
-    report = summarize(results, mib, len(names), args.reps, peak_rss)
+    report = summarize(results, mib, len(names), args.reps, sweep)
     print("\n" + table_text(report), end="")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

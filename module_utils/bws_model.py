@@ -15,6 +15,7 @@ import struct
 import sys
 import threading
 import time
+import urllib.error
 from dataclasses import asdict, dataclass, field
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -118,6 +119,19 @@ def human_bytes(count: int | float) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def http_error_text(exc: urllib.error.HTTPError, url: str) -> str:
+    detail = exc.headers.get("X-Error-Message", "") if exc.headers else ""
+    text = f"HTTP {exc.code} from {url}" + (f" ({detail})" if detail else "")
+    if exc.code in (401, 403):
+        text += (
+            ": not authorised; for a gated or private Hub repository accept its terms and set "
+            "model_store_hf_token (model_store_http_token for a mirror)"
+        )
+    elif exc.code == 404:
+        text += ": not found; check the repository, revision, URL or manifest name in the profile's source"
+    return text
 
 
 # ---------------------------------------------------------------- listings from sources

@@ -32,10 +32,11 @@ from ansible.module_utils.bws_model import (
     Digest,
     ModelStoreError,
     RemoteFile,
+    http_error_text,
     write_json_atomic,
 )
 
-CHUNK = 1024 * 1024
+CHUNK = 8 * 1024 * 1024
 PARTS_DIR = STATE_DIR + "/parts"
 
 
@@ -118,6 +119,7 @@ class FileJob:
 
     def __init__(self, dest: str, item: RemoteFile, piece_bytes: int, order: int, cv: threading.Condition) -> None:
         self.cv = cv
+        self.hash_lock = threading.RLock()
         self.dest = dest
         self.item = item
         self.order = order
@@ -180,8 +182,8 @@ class ParallelFetch:
         self.url_of = url_of
         self.open_range = open_range
         self.streams = max(1, streams)
-        self.piece_bytes = max(CHUNK, piece_bytes)
-        self.buffer_bytes = max(CHUNK * self.streams, buffer_bytes)
+        self.piece_bytes = max(64 * 1024, piece_bytes)
+        self.buffer_bytes = max(0, buffer_bytes)
         self.retries = retries
         self.retry_delay = retry_delay
         self.verify_checksums = verify_checksums
@@ -283,8 +285,8 @@ class ParallelFetch:
             response = self.open_range(url, piece.next, piece.end, job.item.size)
         except urllib.error.HTTPError as exc:
             if exc.code == 429 or exc.code >= 500:
-                raise RangeInterruptedError(f"HTTP {exc.code} from {url}") from exc
-            raise
+                raise RangeInterruptedError(http_error_text(exc, url)) from exc
+            raise ModelStoreError(f"{job.item.path}: {http_error_text(exc, url)}") from exc
         except OSError as exc:
             raise RangeInterruptedError(f"cannot reach {url}: {exc}") from exc
         with response:
@@ -353,7 +355,12 @@ class ParallelFetch:
                 piece.next += len(chunk)
                 self.buffered += len(chunk)
                 self.received += len(chunk)
-                job.cv.notify()  # only this file's hashing thread needs to know
+                at_hash_position = job.pieces[job.hash_index] is piece
+            # at the hashing position the worker hashes its own chunks (no hand-over between threads);
+            # otherwise, or while another thread hashes this file, the file's hashing thread takes them
+            if not (at_hash_position and self.hash_queued(job, piece, wait=False)):
+                with self.cv:
+                    job.cv.notify()
 
     # -- hashing, one thread per file
 
@@ -386,20 +393,41 @@ class ParallelFetch:
                 job.digest.update(data)
                 left -= len(data)
 
+    def hash_queued(self, job: FileJob, piece: Piece, wait: bool) -> bool:
+        """Hash the chunks queued for piece, in order; False when another thread is hashing this file.
+
+        Whoever hashes holds the file's hash lock from taking chunks until they are hashed, so chunks are
+        hashed in the order they were queued even when the worker and the hashing thread both try.
+        """
+        if not job.hash_lock.acquire(blocking=wait):
+            return False
+        try:
+            while True:
+                with self.cv:
+                    chunks = list(piece.chunks)
+                    piece.chunks.clear()
+                    self.buffered -= sum(len(chunk) for chunk in chunks)
+                    if chunks and self.held_back:
+                        self.cv.notify_all()
+                if not chunks:
+                    return True
+                for chunk in chunks:
+                    job.digest.update(chunk)
+        finally:
+            job.hash_lock.release()
+
     def hash_arriving(self, job: FileJob, piece: Piece) -> bool:
         while True:
             with self.cv:
                 while not piece.chunks and not piece.done and job.error is None:
                     job.cv.wait(1.0)
-                if not piece.chunks and (piece.done or job.error is not None):
-                    return job.error is None
-                chunks = list(piece.chunks)
-                piece.chunks.clear()
-                self.buffered -= sum(len(chunk) for chunk in chunks)
-                if self.held_back:
-                    self.cv.notify_all()
-            for chunk in chunks:
-                job.digest.update(chunk)
+                finished = piece.done
+            with job.hash_lock:  # no worker is between taking and hashing chunks of this piece now
+                self.hash_queued(job, piece, wait=True)
+                if job.error is not None:
+                    return False
+                if finished and not piece.chunks:
+                    return True
 
     def finish_file(self, job: FileJob) -> None:
         os.close(job.fd)

@@ -28,6 +28,7 @@ from ansible.module_utils.bws_model import (
     ModelStoreError,
     RemoteFile,
     filter_files,
+    http_error_text,
     human_bytes,
     load_verified,
     parse_hf_tree,
@@ -135,23 +136,6 @@ class _RedirectKeepingAuthOnSameHost(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_RedirectKeepingAuthOnSameHost())
-
-
-def http_error_text(exc: urllib.error.HTTPError, url: str) -> str:
-    detail = exc.headers.get("X-Error-Message", "") if exc.headers else ""
-    text = f"HTTP {exc.code} from {url}" + (f" ({detail})" if detail else "")
-    if exc.code in (401, 403):
-        text += (
-            ": not authorised; for a gated or private Hub repository accept its terms and set "
-            "model_store_hf_token (model_store_http_token for a mirror)"
-        )
-    elif exc.code == 404:
-        text += ": not found; check the repository, revision, URL or manifest name in the profile's source"
-    return text
-
-
-def retryable_http(exc: urllib.error.HTTPError) -> bool:
-    return exc.code == 429 or exc.code >= 500
 
 
 class HttpClient:
