@@ -87,9 +87,11 @@ options:
     type: float
     default: 0
   streams:
-    description: Parallel HTTP connections for C(http) mirrors (files side by side, large files in ranges).
+    description:
+      - Parallel HTTP connections for C(http) mirrors (files side by side, large files in ranges).
+      - 0 picks one per CPU of the host, at most 4 (measured with C(bench/bench_model_fetch.py)).
     type: int
-    default: 4
+    default: 0
   piece_mib:
     description: Size of one HTTP range, in MiB; files up to this size move on one connection.
     type: int
@@ -323,7 +325,7 @@ def main() -> None:
             "timeout": {"type": "int", "default": 60},
             "batch_bytes": {"type": "int", "default": 268435456},
             "slice_s": {"type": "float", "default": 0},
-            "streams": {"type": "int", "default": 4},
+            "streams": {"type": "int", "default": 0},
             "piece_mib": {"type": "int", "default": 64},
             "buffer_mib": {"type": "int", "default": 256},
             "hf_client": {

@@ -409,7 +409,7 @@ class ModelStore:
         retries: int = 3,
         retry_delay: float = 2.0,
         verify_checksums: bool = True,
-        streams: int = 4,
+        streams: int = 0,
         piece_bytes: int = 64 * 1024 * 1024,
         buffer_bytes: int = 256 * 1024 * 1024,
     ) -> None:
