@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import re
@@ -38,6 +40,18 @@ from ansible.module_utils.bws_model import (
 
 CHUNK = 8 * 1024 * 1024
 PARTS_DIR = STATE_DIR + "/parts"
+
+
+def return_freed_chunks_to_the_os() -> None:
+    """Let glibc serve every chunk-sized block with mmap and unmap it when freed.
+
+    Its default threshold rises to the size of the blocks freed, after which 8 MiB chunks come from per-thread
+    arenas that keep freed memory: with 8 streams the peak RSS reached 745 MiB for 256 MiB of chunks in
+    flight. A fixed threshold keeps the peak near the budget. No-op where the C library is not glibc.
+    """
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 1024 * 1024)  # M_MMAP_THRESHOLD
 
 
 def default_streams() -> int:
@@ -461,6 +475,7 @@ class ParallelFetch:
 
     def run(self, report: Callable[[], None] | None = None) -> list[str]:
         """Fetch; return the paths finished. The first failure is raised after the others have stopped."""
+        return_freed_chunks_to_the_os()
         workers = [threading.Thread(target=self.work, daemon=True) for _ in range(self.streams)]
         for worker in workers:
             worker.start()
