@@ -99,7 +99,7 @@ options:
   buffer_mib:
     description: Memory, in MiB, for ranges that arrive ahead of the hashing position (bounds peak memory).
     type: int
-    default: 256
+    default: 128
   hf_client:
     description:
       - The C(huggingface_hub) client for C(hf) sources. C(venv) is the tools venv holding it and
@@ -327,7 +327,7 @@ def main() -> None:
             "slice_s": {"type": "float", "default": 0},
             "streams": {"type": "int", "default": 0},
             "piece_mib": {"type": "int", "default": 64},
-            "buffer_mib": {"type": "int", "default": 256},
+            "buffer_mib": {"type": "int", "default": 128},
             "hf_client": {
                 "type": "dict",
                 "options": {

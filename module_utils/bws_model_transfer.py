@@ -411,7 +411,7 @@ class ModelStore:
         verify_checksums: bool = True,
         streams: int = 0,
         piece_bytes: int = 64 * 1024 * 1024,
-        buffer_bytes: int = 256 * 1024 * 1024,
+        buffer_bytes: int = 128 * 1024 * 1024,
     ) -> None:
         self.streams = streams
         self.piece_bytes = piece_bytes
