@@ -55,9 +55,9 @@ def return_freed_chunks_to_the_os() -> None:
 
 
 def default_streams() -> int:
-    """One stream per CPU, at most 4: on 2 cores 2 streams moved 358 MiB/s, 4 streams 266 and 8 streams 220
-    (bench/bench_model_fetch.py): each file is hashed on one core, and more streams than cores only add
-    contention."""
+    """One stream per CPU, at most 4. On 2 cores (bench/results/bench_model_fetch.txt) 1 stream moved 170 MiB/s,
+    2 streams 313, 4 streams 303 and 8 streams 331 with twice the memory: each file is hashed on one core, so
+    more streams than cores add little."""
     return max(1, min(os.cpu_count() or 1, 4))
 
 
