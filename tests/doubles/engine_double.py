@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
 """ENGINE TEST DOUBLE: stands in for `sglang serve` / `vllm serve` on hosts without GPUs.
 
-It is not an engine. It speaks the HTTP surface the playbooks and verify use, with the response
-shapes of SGLang 0.5.23 and vLLM 0.33.0 (health, models, model/server info, completions, Prometheus
-metrics), and it can misbehave on purpose so that fault handling is tested for real.
+It is not an engine. It speaks the HTTP surface the playbooks, verify and the engines' benchmark clients
+use, with the response shapes of SGLang 0.5.23 and vLLM 0.33.0 (health, models, model/server info, chat and
+text completions with and without SSE streaming, Prometheus metrics), and it can misbehave on purpose so
+that fault handling is tested for real. Each imitated behaviour names the upstream file it follows; the
+unkind parts are imitated too:
+- a reasoning parser (`reasoning-parser: kimi_k2`) puts a thinking model's answer into
+  `reasoning_content` (SGLang) or `reasoning` (vLLM) unless the request turns thinking off;
+- SGLang's /health runs a generation and answers 503 after its health-check timeout when generation is stuck;
+- streams end with a usage chunk only when `stream_options.include_usage` asks for it, then `[DONE]`.
+
+The "model" answers an arithmetic question (`what is 123 + 456`) with the number, thinking first when
+thinking is on, and otherwise generates `ok` tokens until max_tokens (the benchmark workload).
 
 Invocation mirrors the engines:
     engine_double.py serve --config /etc/sglang/x.yaml          (SGLang flavour)
@@ -12,8 +21,14 @@ Invocation mirrors the engines:
 
 Environment (all optional):
     ENGINE_DOUBLE_FLAVOUR     sglang | vllm (default: from the program name, else sglang)
-    ENGINE_DOUBLE_FAULT       none | crash-at-start | hang | ignore-sigterm | crash-after-ready
+    ENGINE_DOUBLE_FAULT       none | crash-at-start | hang | ignore-sigterm | crash-after-ready |
+                              deadlock-on-generate (loads, then every generation blocks for ever) |
+                              garbage-output (every token is "foss", as a broken MoE kernel path answers) |
+                              slow-first-request (the first generation takes ENGINE_DOUBLE_FIRST_REQUEST_S)
     ENGINE_DOUBLE_START_S     seconds /health answers 503 before it is ready (default 0.5)
+    ENGINE_DOUBLE_FIRST_REQUEST_S  extra seconds of the first generation with slow-first-request (default 10)
+    SGLANG_HEALTH_CHECK_TIMEOUT    SGLang flavour: seconds /health waits for its generation (default 20,
+                              as SGLang 0.5.23 srt/entrypoints/http_server.py)
     ENGINE_DOUBLE_TOKENS_PER_S  decode speed of one sequence without speculation (default 400)
     ENGINE_DOUBLE_ACCEPT_RATE   fraction of drafted tokens accepted when speculation is on (default 0.6)
     ENGINE_DOUBLE_SPEC_COST     relative cost of one verify step vs a plain decode step (default 1.3)
@@ -25,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -34,6 +50,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 DOUBLE_MARKER = "ENGINE TEST DOUBLE (not an engine)"
 VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
+FAULTS = ("none", "crash-at-start", "hang", "ignore-sigterm", "crash-after-ready", "deadlock-on-generate",
+          "garbage-output", "slow-first-request")
+# Reasoning parsers whose model thinks unless the request's chat_template_kwargs say `thinking: false`:
+# SGLang 0.5.23 srt/parser/reasoning_parser.py (KimiK2Detector, reasoning_default="thinking", read by
+# srt/entrypoints/openai/serving_chat.py `_get_reasoning_from_request`: thinking unless the kwarg is
+# False); vLLM 0.33.0 vllm/parser/kimi_k2.py (KimiK2Parser: thinking unless `thinking`/`enable_thinking`
+# say otherwise, initial state REASONING).
+THINKING_BY_DEFAULT = {"kimi_k2", "kimi_k3"}
+# uvicorn's listen backlog, which both engines serve with (SGLang 0.5.23 srt/entrypoints/http_server.py
+# passes no backlog, so uvicorn.Config's 2048 applies; vLLM 0.33.0 entrypoints/openai/api_server.py the same).
+LISTEN_BACKLOG = 2048
+ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
 
 
 def parse_flat_yaml(text: str) -> dict[str, object]:
@@ -83,6 +111,12 @@ class Engine:
         self.served_name = str(options.get("served-model-name") or self.model_path)
         self.api_key = options.get("api-key") or os.environ.get("VLLM_API_KEY") or None
         self.fault = os.environ.get("ENGINE_DOUBLE_FAULT", "none")
+        if self.fault not in FAULTS:
+            raise SystemExit(f"engine-double: unknown ENGINE_DOUBLE_FAULT {self.fault!r} (known: {FAULTS})")
+        self.reasoning_parser = str(options.get("reasoning-parser") or "")
+        self.health_check_timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        self.first_request_s = float(os.environ.get("ENGINE_DOUBLE_FIRST_REQUEST_S", "10"))
+        self.generations_started = 0
         self.ready_at = time.monotonic() + float(os.environ.get("ENGINE_DOUBLE_START_S", "0.5"))
         self.tokens_per_s = float(os.environ.get("ENGINE_DOUBLE_TOKENS_PER_S", "400"))
         self.accept_rate = float(os.environ.get("ENGINE_DOUBLE_ACCEPT_RATE", "0.6"))
@@ -108,6 +142,50 @@ class Engine:
     @property
     def ready(self) -> bool:
         return self.fault != "hang" and time.monotonic() >= self.ready_at
+
+    def start_generation(self) -> None:
+        """Block as the fault says before a generation: for ever when deadlocked, long the first time when slow."""
+        with self.lock:
+            self.generations_started += 1
+            first = self.generations_started == 1
+        if self.fault == "deadlock-on-generate":
+            threading.Event().wait()
+        if first and self.fault == "slow-first-request":
+            time.sleep(self.first_request_s)
+
+    def thinks(self, request: dict) -> bool:
+        """Whether the served model thinks for this chat request (see THINKING_BY_DEFAULT)."""
+        if self.reasoning_parser not in THINKING_BY_DEFAULT:
+            return False
+        kwargs = request.get("chat_template_kwargs") or {}
+        if self.flavour == "sglang":
+            return kwargs.get("thinking") is not False
+        if "thinking" not in kwargs and "enable_thinking" not in kwargs:
+            return True
+        return bool(kwargs.get("thinking")) or bool(kwargs.get("enable_thinking"))
+
+    def output_words(self, prompt: str, max_tokens: int, thinking: bool) -> tuple[list[str], int]:
+        """The tokens the model generates (one word each) and how many of them are thinking.
+
+        An arithmetic question is answered with the number (after a few words of thinking when the model
+        thinks); anything else yields `ok` tokens until max_tokens, as the benchmark's ignore-eos workload.
+        """
+        match = ARITHMETIC.search(prompt)
+        if match:
+            left, op, right = int(match.group(1)), match.group(2), int(match.group(3))
+            value = {"+": left + right, "-": left - right, "*": left * right}[op]
+            answer = [str(value)]
+            reasoning = (f"The user asks for {left} {op} {right}. Let me compute it carefully, step by step, "
+                         f"and check the result once more before answering. {left} {op} {right} is {value}."
+                         ).split() * 4 if thinking else []
+            words = reasoning + answer
+        else:
+            reasoning, words = [], ["ok"] * max_tokens
+            if thinking:
+                reasoning = words
+        if self.fault == "garbage-output":
+            words = ["foss"] * len(words)
+        return words, len(reasoning)
 
     def generate(self, prompt_tokens: int, max_tokens: int) -> tuple[int, float]:
         """Account for one request and return (completion tokens, seconds it should take)."""
@@ -230,6 +308,9 @@ class Handler(BaseHTTPRequestHandler):
             if engine.fault == "hang":
                 time.sleep(3600)
             # Both engines answer /health with an empty body: 503 while starting, 200 when ready.
+            if engine.ready and engine.flavour == "sglang" and path in ("/health", "/health_generate"):
+                self._send(self._sglang_health_generate(), "")
+                return
             self._send(HTTPStatus.OK if engine.ready else HTTPStatus.SERVICE_UNAVAILABLE, "")
             return
         if path == "/metrics":
@@ -259,9 +340,31 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.BAD_REQUEST, {"error": {"message": "invalid JSON body"}})
             return
         if path in ("/v1/chat/completions", "/v1/completions"):
-            self._send(HTTPStatus.OK, self._completion(request, chat=path.endswith("chat/completions")))
+            self._completion(request, chat=path.endswith("chat/completions"))
         else:
             self._send(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
+
+    def _sglang_health_generate(self) -> int:
+        """SGLang 0.5.23 srt/entrypoints/http_server.py `health_generate`: submit a one-token generation, poll
+        once a second for up to SGLANG_HEALTH_CHECK_TIMEOUT for any output, log an error and answer 503 if none
+        came; so a stuck engine answers 503 after the timeout, as a loading one does at once."""
+        engine = self.engine
+        done = threading.Event()
+
+        def one_token() -> None:
+            engine.start_generation()
+            done.set()
+
+        threading.Thread(target=one_token, daemon=True).start()
+        started = time.monotonic()
+        while time.monotonic() < started + engine.health_check_timeout_s:
+            time.sleep(1)  # `await asyncio.sleep(1)` before each look, the first one included
+            if done.is_set():
+                return HTTPStatus.OK
+        tic = time.strftime("%H:%M:%S", time.localtime(time.time() - engine.health_check_timeout_s))
+        print(f"engine-double: Health check failed. Server couldn't get a response from detokenizer for last "
+              f"{engine.health_check_timeout_s:g} seconds. tic start time: {tic}.", file=sys.stderr, flush=True)
+        return HTTPStatus.SERVICE_UNAVAILABLE
 
     def _models(self) -> dict[str, object]:
         engine = self.engine
@@ -289,7 +392,7 @@ class Handler(BaseHTTPRequestHandler):
                      "test_double": DOUBLE_MARKER})
         return info
 
-    def _completion(self, request: dict, chat: bool) -> dict[str, object]:
+    def _completion(self, request: dict, chat: bool) -> None:
         engine = self.engine
         max_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
         max_tokens = max(1, min(max_tokens, 4096))
@@ -298,20 +401,144 @@ class Handler(BaseHTTPRequestHandler):
         else:
             prompt = str(request.get("prompt", ""))
         prompt_tokens = max(1, len(prompt.split()))
-        produced, seconds = engine.generate(prompt_tokens, max_tokens)
-        time.sleep(min(seconds, 30.0))
-        text = " ".join(["ok"] * produced)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
-                 "total_tokens": prompt_tokens + produced}
+        thinking = chat and engine.thinks(request)
+        words, reasoning_words = engine.output_words(prompt, max_tokens, thinking)
+        engine.start_generation()
+        produced, seconds = engine.generate(prompt_tokens, min(max_tokens, len(words)))
+        reply = Reply(words[:produced], min(reasoning_words, produced),
+                      "length" if len(words) >= max_tokens else "stop", prompt_tokens, seconds)
         created = int(time.time())
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": "length" if produced >= max_tokens else "stop"}
-            return {"id": f"chatcmpl-{created}", "object": "chat.completion", "created": created,
-                    "model": engine.served_name, "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
-        return {"id": f"cmpl-{created}", "object": "text_completion", "created": created,
-                "model": engine.served_name, "choices": [choice], "usage": usage}
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{created}{random.randrange(10**6):06d}"
+        if request.get("stream"):
+            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            self._stream(reply, chat, ident, created, include_usage)
+            return
+        time.sleep(min(seconds, 30.0))
+        self._send(HTTPStatus.OK, self._whole_response(reply, chat, ident, created))
+
+    def _whole_response(self, reply: Reply, chat: bool, ident: str, created: int) -> dict[str, object]:
+        engine = self.engine
+        if not chat:
+            choice = {"index": 0, "text": reply.text(), "finish_reason": reply.finish_reason, "logprobs": None}
+            return {"id": ident, "object": "text_completion", "created": created,
+                    "model": engine.served_name, "choices": [choice], "usage": reply.usage()}
+        reasoning, content = reply.split()
+        if engine.flavour == "sglang":
+            # SGLang 0.5.23 srt/entrypoints/openai/serving_chat.py: content "" when all of it was reasoning,
+            # reasoning_content None without reasoning.
+            message = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
+        else:
+            # vLLM 0.33.0 entrypoints/openai/chat_completion/protocol.py ChatMessage: `reasoning`, content None
+            # when the parser left none.
+            message = {"role": "assistant", "content": content or None, "reasoning": reasoning or None}
+        choice = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
+        return {"id": ident, "object": "chat.completion", "created": created,
+                "model": engine.served_name, "choices": [choice], "usage": reply.usage()}
+
+    def _stream(self, reply: Reply, chat: bool, ident: str, created: int, include_usage: bool) -> None:
+        """Server-sent events as the engines send them: `data: <json>` blocks, a usage chunk with empty choices
+        only when stream_options.include_usage is true, then `data: [DONE]` (SGLang 0.5.23
+        srt/entrypoints/openai/serving_chat.py `_generate_chat_stream` and serving_completions.py; vLLM 0.33.0
+        entrypoints/openai/chat_completion/serving.py and completion/serving.py). One chunk per token."""
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.send_header("X-Engine-Test-Double", "1")
+        self.end_headers()
+        self.close_connection = True
+        chunks = (self._chat_chunks if chat else self._completion_chunks)(reply, ident, created)
+        delay = reply.seconds / max(1, len(reply.words))
+        try:
+            for index, chunk in enumerate(chunks):
+                if index:
+                    time.sleep(min(delay, 1.0))
+                self._event(chunk)
+            if include_usage:
+                self._event(self._usage_chunk(reply, chat, ident, created))
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _event(self, chunk: dict[str, object]) -> None:
+        self.wfile.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+        self.wfile.flush()
+
+    def _chat_chunks(self, reply: Reply, ident: str, created: int):
+        engine = self.engine
+        head = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": engine.served_name}
+        sglang = engine.flavour == "sglang"
+        reasoning_key = "reasoning_content" if sglang else "reasoning"
+
+        def chunk(delta: dict[str, object], finish_reason: str | None = None) -> dict[str, object]:
+            if sglang:
+                # sse_utils.py StreamDelta/StreamChoice: reasoning_content always present, matched_stop too.
+                choice = {"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
+                          "finish_reason": finish_reason, "matched_stop": None}
+            else:
+                # vLLM serializes with exclude_unset: the fields it set, logprobs/finish_reason included.
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {**head, "choices": [choice]}
+
+        yield chunk({"role": "assistant", "content": ""})
+        last = len(reply.words) - 1
+        for position, word in enumerate(reply.words):
+            text = word if position in (0, reply.reasoning_words) else " " + word
+            delta = {reasoning_key: text} if position < reply.reasoning_words else {"content": text}
+            # vLLM sets finish_reason on the chunk of the last token; SGLang sends it in a chunk of its own.
+            yield chunk(delta, reply.finish_reason if position == last and not sglang else None)
+        if sglang or last < 0:
+            yield chunk({} if sglang else {"content": ""}, reply.finish_reason)
+
+    def _completion_chunks(self, reply: Reply, ident: str, created: int):
+        head = {"id": ident, "object": "text_completion", "created": created, "model": self.engine.served_name}
+        last = len(reply.words) - 1
+        for position, word in enumerate(reply.words):
+            finish = reply.finish_reason if position == last else None
+            choice: dict[str, object] = {"index": 0, "text": word if position == 0 else " " + word,
+                                         "logprobs": None, "finish_reason": finish}
+            if self.engine.flavour == "sglang":
+                choice["matched_stop"] = None
+            else:
+                choice["stop_reason"] = None
+            yield {**head, "choices": [choice]}
+
+    def _usage_chunk(self, reply: Reply, chat: bool, ident: str, created: int) -> dict[str, object]:
+        usage: dict[str, object] = dict(reply.usage())
+        if self.engine.flavour == "sglang":
+            # SGLang's UsageInfo dumped whole for chat (model_dump_json()), without the None fields for
+            # completions (model_dump_json(exclude_none=True)); vLLM excludes None fields in both.
+            usage["reasoning_tokens"] = reply.reasoning_words
+            if chat:
+                usage.update({"prompt_tokens_details": None, "completion_tokens_details": None})
+        return {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": self.engine.served_name, "choices": [], "usage": usage}
+
+
+class Reply:
+    """What the model generated for one request: words (one token each), how many are thinking, timing."""
+
+    def __init__(self, words: list[str], reasoning_words: int, finish_reason: str, prompt_tokens: int,
+                 seconds: float) -> None:
+        self.words, self.reasoning_words = words, reasoning_words
+        self.finish_reason, self.prompt_tokens, self.seconds = finish_reason, prompt_tokens, seconds
+
+    def text(self) -> str:
+        return " ".join(self.words)
+
+    def split(self) -> tuple[str, str]:
+        """(reasoning, content) as the reasoning parser separates them."""
+        return " ".join(self.words[:self.reasoning_words]), " ".join(self.words[self.reasoning_words:])
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.words),
+                "total_tokens": self.prompt_tokens + len(self.words)}
+
+
+class EngineHTTPServer(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
 
 
 def load_options(flavour: str, argv: list[str]) -> dict[str, object]:
@@ -358,8 +585,7 @@ def main(argv: list[str]) -> int:
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     Handler.engine = engine
-    server = ThreadingHTTPServer((str(options["host"]), int(options["port"])), Handler)
-    server.daemon_threads = True
+    server = EngineHTTPServer((str(options["host"]), int(options["port"])), Handler)
     if engine.fault == "crash-after-ready":
         threading.Timer(float(os.environ.get("ENGINE_DOUBLE_START_S", "0.5")) + 2.0,
                         lambda: os._exit(3)).start()
