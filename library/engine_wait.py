@@ -6,14 +6,23 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: engine_wait
-short_description: Wait until an inference engine answers its health endpoint, failing fast if its unit dies
+short_description: Wait until an inference engine answers its health endpoint, failing fast if its unit dies or stalls
 description:
   - Polls I(url) until it answers I(status) or I(timeout_s) runs out. SGLang answers C(/health) with 503
-    while it loads and then runs a real one-token generation; vLLM answers 200 once its engine is up.
+    while it starts, then runs a real one-token generation and answers 503 after its own 20 s health-check
+    timeout when that generation is stuck; vLLM answers 200 once its engine is up.
+  - The wait ends within I(timeout_s) plus a fraction of a second whatever the endpoint does: each request's
+    timeout is I(request_timeout_s) capped by the time left, and every systemd and journal read is bounded too.
+    Messages give the real elapsed time.
   - With I(unit), each poll also reads the unit's state from systemd. If the unit fails, stops, or is
     restarted by C(Restart=on-failure) (its C(NRestarts) grows), the wait ends at once instead of at the
     timeout, and the result carries the tail of the unit's journal.
-  - Not supported in check mode (it would report a readiness it did not observe), so check mode shows it skipped.
+  - With I(unit) and I(stall_timeout_s), the wait also ends when the unit writes no new journal line for
+    I(stall_timeout_s) while it is not ready (a deadlocked engine looks like a loading one to C(/health)).
+    Lines matching I(progress_ignore) are the engine's echo of these very probes (access log lines of
+    C(/health), SGLang's "Health check failed") and are not progress: a slow 503 is "not ready", never
+    "still loading".
+  - Read-only, so it runs in check mode too (a task that must not, sets C(check_mode) or C(when)).
 options:
   url:
     description: Health URL, for example C(http://127.0.0.1:30000/health).
@@ -32,12 +41,25 @@ options:
     type: float
     default: 1.0
   request_timeout_s:
-    description: Timeout of one request. SGLang's health check may take up to its own 20 s generation timeout.
+    description: >-
+      Timeout of one request (capped by the time left). SGLang's health check may take up to its own 20 s
+      generation timeout before it answers.
     type: float
     default: 30
   unit:
     description: Systemd unit whose state is watched while waiting, and whose journal is shown on failure.
     type: str
+  stall_timeout_s:
+    description: >-
+      Fail when the unit wrote no journal line (other than I(progress_ignore) ones) for this many seconds
+      while not ready. 0 turns stall detection off. Needs I(unit) and systemd.
+    type: float
+    default: 0
+  progress_ignore:
+    description: Regular expressions (searched in each journal message) of lines that are not progress.
+    type: list
+    elements: str
+    default: ['"GET /health', '"GET /ready', 'Health check failed', 'Health check request received']
   journal_lines:
     description: Journal lines to return on failure.
     type: int
@@ -47,11 +69,12 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Wait for SGLang to serve
+- name: Wait for SGLang to serve, failing after 10 minutes without a journal line
   engine_wait:
     url: http://127.0.0.1:30000/health
     unit: sglang.service
     timeout_s: 1800
+    stall_timeout_s: 600
 """
 
 RETURN = r"""
@@ -67,6 +90,14 @@ last_status:
   description: Last HTTP status seen, or the connection error.
   type: str
   returned: always
+stalled:
+  description: Whether the wait ended because the unit stalled (no journal progress and not ready).
+  type: bool
+  returned: always
+silent_s:
+  description: Seconds since the unit's last journal line that counts as progress, at the end (with stall detection).
+  type: float
+  returned: always
 unit_state:
   description: The unit's ActiveState/SubState/Result/NRestarts at the end, when I(unit) is set and systemd runs.
   type: dict
@@ -78,6 +109,9 @@ journal:
   returned: on failure with unit
 """
 
+import re
+import shutil
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -86,6 +120,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bws_systemd import journal_tail, unit_properties
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
+# A request is never given less than this, so a nearly spent budget still gets one real answer.
+MIN_REQUEST_S = 0.05
+# systemctl and journalctl reads are bounded too; a wedged journald must not stretch the wait.
+SYSTEMD_READ_S = 5.0
+CURSOR_PREFIX = "-- cursor: "
+# The engines' echo of our own probes: uvicorn's access lines (both engines), SGLang 0.5.23's health-check
+# failure and shutdown lines (srt/entrypoints/http_server.py `health_generate`), the test double's access line.
+DEFAULT_PROGRESS_IGNORE = ['"GET /health', '"GET /ready', "Health check failed", "Health check request received"]
 
 
 def probe(url: str, timeout: float) -> str:
@@ -113,29 +155,120 @@ def unit_died(state: dict[str, str], restarts_at_start: int) -> str | None:
     return None
 
 
+class JournalProgress:
+    """New journal lines of a unit since the last look, minus the echoes of our own probes."""
+
+    def __init__(self, unit: str, ignore: list[str]) -> None:
+        self.unit = unit
+        self.ignore = [re.compile(pattern) for pattern in ignore]
+        self.cursor: str | None = None
+        self.available = shutil.which("journalctl") is not None
+        if self.available:
+            self._read(["--lines", "1"])  # only where the journal ends now; older lines are not progress
+
+    def _read(self, selection: list[str]) -> list[str]:
+        argv = ["journalctl", "--unit", self.unit, "--no-pager", "--quiet", "--output", "cat", "--show-cursor",
+                *selection]
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=SYSTEMD_READ_S)
+        except subprocess.TimeoutExpired:
+            return []
+        lines = result.stdout.splitlines()
+        if lines and lines[-1].startswith(CURSOR_PREFIX):
+            self.cursor = lines.pop()[len(CURSOR_PREFIX):]
+        return lines
+
+    def new_progress_lines(self) -> list[str]:
+        if not self.available:
+            return []
+        lines = self._read(["--after-cursor", self.cursor] if self.cursor else [])
+        return [line for line in lines if not any(pattern.search(line) for pattern in self.ignore)]
+
+
+class Wait:
+    """One readiness wait: a deadline, an optional stall clock, and what was last seen."""
+
+    def __init__(self, params: dict, unit_state: dict[str, str]) -> None:
+        self.params = params
+        self.start = time.monotonic()
+        self.deadline = self.start + params["timeout_s"]
+        self.stall_s = params["stall_timeout_s"]
+        self.last_progress = self.start
+        self.journal: JournalProgress | None = None
+        # Stall detection needs what it watches: a unit, systemd (a unit state) and its journal.
+        if self.stall_s > 0 and params["unit"] and unit_state:
+            self.journal = JournalProgress(params["unit"], params["progress_ignore"])
+            if not self.journal.available:
+                self.journal = None
+        self.attempts = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def next_limit(self) -> float:
+        """When the wait must end at the latest: the deadline, or sooner the stall deadline."""
+        if self.journal is None:
+            return self.deadline
+        return min(self.deadline, self.last_progress + self.stall_s)
+
+    def request_timeout(self) -> float:
+        return max(MIN_REQUEST_S, min(self.params["request_timeout_s"], self.next_limit() - time.monotonic()))
+
+    def note_progress(self, state: dict[str, str]) -> None:
+        if self.journal is None or state.get("ActiveState") not in ("active", "activating"):
+            return
+        if self.journal.new_progress_lines():
+            self.last_progress = time.monotonic()
+
+    def silent_s(self) -> float:
+        return time.monotonic() - self.last_progress if self.journal is not None else 0.0
+
+    def stall_reason(self, last_status: str) -> str | None:
+        if self.journal is None or self.silent_s() < self.stall_s:
+            return None
+        return (f"stalled: {self.params['unit']} wrote no journal line and was not ready for "
+                f"{self.silent_s():.1f} s (stall timeout {self.stall_s:g} s; last answer: {last_status}). "
+                f"A running engine that neither logs nor answers is stuck, not loading "
+                f"(for example a generation deadlock: SGLang's /health then answers 503 after its own timeout)")
+
+    def timeout_reason(self, last_status: str) -> str | None:
+        if time.monotonic() < self.deadline:
+            return None
+        return (f"not ready after {self.elapsed():.1f} s (timeout {self.params['timeout_s']:g} s; "
+                f"last answer: {last_status})")
+
+    def pause(self) -> None:
+        time.sleep(max(0.0, min(self.params["interval_s"], self.next_limit() - time.monotonic())))
+
+
+def read_unit(unit: str | None) -> dict[str, str]:
+    return unit_properties(unit, UNIT_PROPERTIES, timeout=SYSTEMD_READ_S) if unit else {}
+
+
 def wait(module: AnsibleModule) -> None:
     params = module.params
     unit = params["unit"]
-    start = time.monotonic()
-    initial = unit_properties(unit, UNIT_PROPERTIES) if unit else {}
+    initial = read_unit(unit)
     restarts_at_start = int(initial.get("NRestarts") or 0)
-    attempts, last_status, state = 0, "not polled", initial
+    current = Wait(params, initial)
+    last_status, state = "not polled", initial
     while True:
-        attempts += 1
-        last_status = probe(params["url"], params["request_timeout_s"])
+        current.attempts += 1
+        last_status = probe(params["url"], current.request_timeout())
+        result = {"attempts": current.attempts, "last_status": last_status, "unit_state": state}
         if last_status == str(params["status"]):
-            module.exit_json(changed=False, elapsed_s=round(time.monotonic() - start, 3),
-                             attempts=attempts, last_status=last_status, unit_state=state)
-        state = unit_properties(unit, UNIT_PROPERTIES) if unit else {}
-        reason = unit_died(state, restarts_at_start)
-        elapsed = time.monotonic() - start
-        if reason is None and elapsed >= params["timeout_s"]:
-            reason = f"not ready after {params['timeout_s']:g} s (last answer: {last_status})"
+            module.exit_json(changed=False, elapsed_s=round(current.elapsed(), 3), stalled=False,
+                             silent_s=round(current.silent_s(), 3), **result)
+        state = read_unit(unit)
+        current.note_progress(state)
+        stall = current.stall_reason(last_status)
+        reason = unit_died(state, restarts_at_start) or stall or current.timeout_reason(last_status)
         if reason:
-            journal = journal_tail(unit, params["journal_lines"]) if unit else []
-            module.fail_json(msg=f"{params['url']}: {reason}", elapsed_s=round(elapsed, 3), attempts=attempts,
-                             last_status=last_status, unit_state=state, journal=journal)
-        time.sleep(min(params["interval_s"], max(0.0, params["timeout_s"] - elapsed)))
+            journal = journal_tail(unit, params["journal_lines"], timeout=SYSTEMD_READ_S) if unit else []
+            module.fail_json(msg=f"{params['url']}: {reason}", elapsed_s=round(current.elapsed(), 3),
+                             stalled=stall is not None and reason == stall, silent_s=round(current.silent_s(), 3),
+                             journal=journal, **{**result, "unit_state": state})
+        current.pause()
 
 
 def main() -> None:
@@ -147,9 +280,11 @@ def main() -> None:
             "interval_s": {"type": "float", "default": 1.0},
             "request_timeout_s": {"type": "float", "default": 30},
             "unit": {"type": "str"},
+            "stall_timeout_s": {"type": "float", "default": 0},
+            "progress_ignore": {"type": "list", "elements": "str", "default": DEFAULT_PROGRESS_IGNORE},
             "journal_lines": {"type": "int", "default": 40},
         },
-        supports_check_mode=False,
+        supports_check_mode=True,
     )
     wait(module)
 

@@ -37,14 +37,18 @@ def _pid1_is_systemd() -> bool:
         return False
 
 
-def unit_properties(unit: str, names: tuple[str, ...]) -> dict[str, str]:
-    """`systemctl show` the given properties of a unit; an empty dict when systemd is not there."""
+def unit_properties(unit: str, names: tuple[str, ...], timeout: float | None = None) -> dict[str, str]:
+    """`systemctl show` the given properties of a unit; an empty dict when systemd is not there (or, with
+    `timeout`, does not answer in time)."""
     if not systemd_available():
         return {}
-    result = subprocess.run(
-        ["systemctl", "show", unit, "--property", ",".join(names)],
-        capture_output=True, text=True, check=False,
-    )
+    try:
+        result = subprocess.run(
+            ["systemctl", "show", unit, "--property", ",".join(names)],
+            capture_output=True, text=True, check=False, timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {}
     properties = {}
     for line in result.stdout.splitlines():
         key, _, value = line.partition("=")
@@ -52,11 +56,14 @@ def unit_properties(unit: str, names: tuple[str, ...]) -> dict[str, str]:
     return properties
 
 
-def journal_tail(unit: str, lines: int) -> list[str]:
+def journal_tail(unit: str, lines: int, timeout: float | None = None) -> list[str]:
     if not shutil.which("journalctl"):
         return [f"(no journalctl on this host: cannot show the journal of {unit})"]
-    result = subprocess.run(
-        ["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager", "--output", "short-iso"],
-        capture_output=True, text=True, check=False,
-    )
+    try:
+        result = subprocess.run(
+            ["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager", "--output", "short-iso"],
+            capture_output=True, text=True, check=False, timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return [f"(journalctl did not answer within {timeout:g} s: cannot show the journal of {unit})"]
     return (result.stdout or result.stderr).splitlines()[-lines:]

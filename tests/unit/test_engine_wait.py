@@ -1,0 +1,172 @@
+"""library/engine_wait.py against real local HTTP servers: bounds kept whatever the endpoint does, stalls caught.
+
+The endpoints are real sockets (a /health that never answers, one that answers 503 slowly as SGLang does
+when its generation is stuck). systemd is not running here, so the unit's state and journal are given by
+replacing the two readers the module uses; the journal lines are the ones the engines write.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import ansible.module_utils
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "library"))
+
+import engine_wait  # noqa: E402
+from ansible.module_utils.testing import patch_module_args  # noqa: E402
+
+RUNNING = {"ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0",
+           "MainPID": "4242", "ExecMainStatus": "0"}
+# What the engines write for each of our probes: uvicorn's access line and SGLang's failed health check.
+PROBE_ECHOES = [
+    'INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 503 Service Unavailable',
+    "[2026-01-01 10:00:20] Health check failed. Server couldn't get a response from detokenizer for last "
+    "20 seconds. tic start time: 10:00:00. last_heartbeat time: 09:58:01",
+]
+
+
+def serve(behaviour: str, seconds: float = 0.0) -> tuple[ThreadingHTTPServer, str]:
+    """A local /health: `hang` never answers, `slow503` answers 503 after `seconds`, `ok` answers 200."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *_: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if behaviour == "hang":
+                time.sleep(3600)
+            time.sleep(seconds)
+            self.send_response(200 if behaviour == "ok" else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/health"
+
+
+@pytest.fixture
+def endpoint(request) -> Iterator[str]:
+    server, url = serve(*request.param)
+    yield url
+    server.shutdown()
+
+
+class FakeJournal(engine_wait.JournalProgress):
+    """The module's journal reader with journalctl's answers scripted: one batch of lines per poll."""
+
+    batches: ClassVar[list[list[str]]] = []
+
+    def __init__(self, unit: str, ignore: list[str]) -> None:
+        self.script = list(type(self).batches)
+        super().__init__(unit, ignore)
+        self.available = True
+
+    def _read(self, selection: list[str]) -> list[str]:
+        return self.script.pop(0) if self.script else []
+
+
+@pytest.fixture
+def systemd(monkeypatch):
+    """A running unit whose journal shows what FakeJournal.batches says."""
+    monkeypatch.setattr(engine_wait, "unit_properties", lambda *_a, **_k: dict(RUNNING))
+    monkeypatch.setattr(engine_wait, "journal_tail", lambda unit, lines, timeout=None: [f"tail of {unit}"])
+    monkeypatch.setattr(engine_wait, "JournalProgress", FakeJournal)
+    return FakeJournal
+
+
+def run(capsys, **args) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    with patch_module_args(args), pytest.raises(SystemExit) as exc:
+        engine_wait.main()
+    return exc.value.code, json.loads(capsys.readouterr().out), time.monotonic() - started
+
+
+@pytest.mark.parametrize("endpoint", [("hang",)], indirect=True)
+def test_a_hung_health_with_a_20_s_bound_ends_within_22_s(endpoint, capsys):
+    code, result, took = run(capsys, url=endpoint, timeout_s=20, request_timeout_s=30, interval_s=1)
+    assert code == 1 and result["failed"]
+    assert took <= 22.0, f"the 20 s wait took {took:.1f} s"
+    assert took >= 19.9
+    assert result["attempts"] == 1  # one request, its 30 s timeout capped by the 20 s left
+    assert "timed out" in result["last_status"]
+    assert f"not ready after {result['elapsed_s']:.1f} s (timeout 20 s;" in result["msg"]
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.8)], indirect=True)
+def test_slow_503s_end_within_the_bound_and_say_the_real_elapsed_time(endpoint, capsys):
+    code, result, took = run(capsys, url=endpoint, timeout_s=3, request_timeout_s=30, interval_s=0.5)
+    assert code == 1
+    assert 2.9 <= took <= 3.3
+    assert result["last_status"] in ("503", "no answer (timed out)")
+    assert result["stalled"] is False
+    elapsed = float(result["msg"].split("not ready after ", 1)[1].split(" s", 1)[0])
+    assert abs(elapsed - result["elapsed_s"]) < 0.1 and elapsed >= 3.0
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.5)], indirect=True)
+def test_a_unit_whose_only_output_is_the_echo_of_our_probes_has_stalled(endpoint, capsys, systemd):
+    systemd.batches = [PROBE_ECHOES] * 50
+    code, result, took = run(capsys, url=endpoint, unit="sglang.service", timeout_s=60, stall_timeout_s=2.5,
+                             interval_s=0.2)
+    assert code == 1 and result["stalled"] is True
+    assert 2.5 <= took <= 2.5 * 1.1 + 0.3
+    assert "stalled: sglang.service wrote no journal line and was not ready for" in result["msg"]
+    assert "(stall timeout 2.5 s; last answer: " in result["msg"]
+    assert result["attempts"] >= 3 and result["last_status"] in ("503", "no answer (timed out)")
+    assert result["journal"] == ["tail of sglang.service"]
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.2)], indirect=True)
+def test_journal_output_is_progress_and_the_timeout_still_holds(endpoint, capsys, systemd):
+    systemd.batches = [["Loading safetensors checkpoint shards: 12/64"]] * 500
+    code, result, took = run(capsys, url=endpoint, unit="sglang.service", timeout_s=3, stall_timeout_s=1,
+                             interval_s=0.2)
+    assert code == 1 and result["stalled"] is False
+    assert "not ready after" in result["msg"]
+    assert took <= 3.3
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.1)], indirect=True)
+def test_progress_that_stops_starts_the_stall_clock(endpoint, capsys, systemd):
+    systemd.batches = [["Capture cuda graph begin."]] * 5
+    code, result, took = run(capsys, url=endpoint, unit="sglang.service", timeout_s=30, stall_timeout_s=1.5,
+                             interval_s=0.2)
+    assert code == 1 and result["stalled"] is True
+    assert took >= 1.5 + 0.5  # five polls of progress moved the clock before the silence began
+
+
+@pytest.mark.parametrize("endpoint", [("ok", 0.0)], indirect=True)
+def test_ready_endpoint_returns_at_once(endpoint, capsys, systemd):
+    code, result, _ = run(capsys, url=endpoint, unit="sglang.service", stall_timeout_s=1)
+    assert code == 0 and result["attempts"] == 1 and result["changed"] is False
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.1)], indirect=True)
+def test_without_systemd_there_is_no_stall_only_the_timeout(endpoint, capsys, monkeypatch):
+    monkeypatch.setattr(engine_wait, "unit_properties", lambda *_a, **_k: {})
+    monkeypatch.setattr(engine_wait, "journal_tail", lambda *_a, **_k: [])
+    code, result, took = run(capsys, url=endpoint, unit="sglang.service", timeout_s=2, stall_timeout_s=0.5,
+                             interval_s=0.2)
+    assert code == 1 and result["stalled"] is False and took >= 2.0
+
+
+def test_probe_echo_patterns_match_the_engines_lines():
+    ignore = [engine_wait.re.compile(p) for p in engine_wait.DEFAULT_PROGRESS_IGNORE]
+    for line in [*PROBE_ECHOES, 'engine-double: "GET /health HTTP/1.1" 503 -']:
+        assert any(p.search(line) for p in ignore), line
+    for line in ("Loading safetensors checkpoint shards: 100% 64/64", 'INFO: "POST /v1/chat/completions HTTP/1.1" 200'):
+        assert not any(p.search(line) for p in ignore), line
