@@ -184,7 +184,9 @@ class Engine:
             if thinking:
                 reasoning = words
         if self.fault == "garbage-output":
-            words = ["foss"] * len(words)
+            # A broken kernel path never reaches EOS: the same token until max_tokens (sglang issue 23264).
+            words = ["foss"] * max_tokens
+            reasoning = words if thinking else []
         return words, len(reasoning)
 
     def generate(self, prompt_tokens: int, max_tokens: int) -> tuple[int, float]:

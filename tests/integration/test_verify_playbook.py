@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,6 +35,10 @@ WORKLOAD = {"input_len": 16, "output_len": 32, "min_prompts": 4, "per_concurrenc
 VLLM_KEY = "vk-Secret-123!$q"
 UNENFORCED_KEY = "never-Enforced-KEY-42"
 PRE_WINDOW_REQUESTS = 150
+KIMI_PARSERS = {"reasoning-parser": "kimi_k2", "tool-call-parser": "kimi_k2"}
+# The smoke request and check before thinking was turned off (roles/verify/tasks/smoke.yml until then).
+OLD_SMOKE_BODY = {"messages": [{"role": "user", "content": "Reply with one short sentence: what is 2 + 2?"}],
+                  "temperature": 0, "max_tokens": 32}
 
 
 def prompts_for(level: int) -> int:
@@ -70,11 +75,16 @@ def run(tmp_path_factory: pytest.TempPathFactory):
             env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.6", "ENGINE_DOUBLE_SPEC_COST": "1.3"},
         ),
         "hang": EngineDouble(work, "hang", env={**speed, "ENGINE_DOUBLE_FAULT": "hang"}),
+        # Kimi-K2.5 served with its reasoning parser: it thinks unless the request turns thinking off.
+        "thinking": EngineDouble(work, "thinking", options=KIMI_PARSERS),
+        "vthinking": EngineDouble(work, "vthinking", "vllm", options=KIMI_PARSERS),
+        "garbage": EngineDouble(work, "garbage", options=KIMI_PARSERS, env={"ENGINE_DOUBLE_FAULT": "garbage-output"}),
+        "deadlock": EngineDouble(work, "deadlock", "vllm", env={"ENGINE_DOUBLE_FAULT": "deadlock-on-generate"}),
     }
     try:
         for double in doubles.values():
             double.wait_listening()
-        for name in ("base", "slow", "fast", "vllm"):
+        for name in ("base", "slow", "fast", "vllm", "thinking", "vthinking", "garbage", "deadlock"):
             _wait_healthy(doubles[name])
         # The recorded baseline: the same bench client against the double without speculation.
         baseline = {
@@ -129,6 +139,10 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                         "verify_journal_command": ["tail", "-n", "40", str(doubles["hang"].log)],
                     },
                 ),
+                ("thinking", "thinking", {"verify_mode": "smoke"}),
+                ("vllm_thinking", "vthinking", {"verify_mode": "smoke"}),
+                ("garbage", "garbage", {"verify_mode": "smoke"}),
+                ("deadlock", "deadlock", {"verify_mode": "smoke", "verify_smoke_timeout_s": 3}),
                 (
                     "hang_no_journal",
                     "hang",
@@ -379,3 +393,56 @@ def test_engine_metrics_module_sums_counters_and_tolerates_a_missing_endpoint(ru
     double = run["doubles"]["base"]  # no API key: an unknown path is a plain 404
     missing = _adhoc_engine_metrics(f"{double.base_url}/no-metrics-here")
     assert missing["available"] is False and missing["status"] == 404 and missing["counters"] == {}
+
+
+def _smoke_line(output: str, host: str) -> str:
+    """The role's 'smoke: asked ...' message for a host, on one line (the YAML callback folds and quotes it)."""
+    pattern = rf"^ok: \[{host}\] => \n\s+msg: '(smoke: asked .*?)'\n(?=\S|\n)"
+    match = re.search(pattern, output, re.MULTILINE | re.DOTALL)
+    assert match, f"no smoke line for {host}"
+    return " ".join(match.group(1).replace("''", "'").split())
+
+
+def _chat(double: EngineDouble, body: dict) -> dict:
+    request = urllib.request.Request(f"{double.base_url}/v1/chat/completions",
+                                     data=json.dumps({"model": double.served_name, **body}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["choices"][0]["message"]
+
+
+@pytest.mark.parametrize(("name", "reasoning_field"), [("thinking", "reasoning_content"), ("vthinking", "reasoning")])
+def test_negative_control_the_old_smoke_request_fails_against_a_thinking_model(run, name, reasoning_field):
+    """The request smoke.yml sent before: Kimi thinks, its answer goes to the reasoning field, content is empty,
+    so the old check (non-empty content) rolled every Kimi deploy back."""
+    message = _chat(run["doubles"][name], OLD_SMOKE_BODY)
+    assert not (message["content"] or "").strip()
+    assert "2 + 2" in message[reasoning_field]
+
+
+@pytest.mark.parametrize(("host", "engine"), [("thinking", "sglang"), ("vllm_thinking", "vllm")])
+def test_the_new_smoke_passes_against_a_thinking_model_and_checks_the_sum(run, host, engine):
+    assert _recap(run["output"], host)["failed"] == 0
+    line = _smoke_line(run["output"], host)
+    pattern = r"asked 'What is (\d+) \+ (\d+)\? .*the answer (\d+) came in content"
+    left, right, expected = re.search(pattern, line).groups()
+    assert int(left) + int(right) == int(expected) and 100 <= int(left) <= 999
+
+
+def test_the_smoke_question_changes_from_run_to_run(run):
+    questions = {re.search(r"asked '([^']*)'", _smoke_line(run["output"], host)).group(1)
+                 for host in ("thinking", "vllm_thinking", "slow", "fast", "vllm_key")}
+    assert len(questions) >= 4, questions  # five draws of two operands from 900 values each
+
+
+def test_garbage_output_fails_the_smoke_naming_the_reply(run):
+    output = " ".join(run["output"].split())
+    assert _recap(run["output"], "garbage")["failed"] == 1
+    assert re.search(r"the smoke answer is wrong: asked 'What is \d+ \+ \d+\? Reply with the number only\.', "
+                     r"expected \d+; got HTTP 200 .*content 'foss foss", output), output[-3000:]
+
+
+def test_a_deadlocked_engine_fails_the_smoke_at_its_timeout_saying_what_that_means(run):
+    output = " ".join(run["output"].split())
+    assert _recap(run["output"], "deadlock")["failed"] == 1
+    assert "the engine answers but did not generate within 3 s: vllm at http://127.0.0.1:" in output

@@ -46,6 +46,7 @@ class EngineDouble:
         api_key: str | None = None,
         env: dict[str, str] | None = None,
         num_steps: int = 3,
+        options: dict[str, str] | None = None,
     ) -> None:
         self.name, self.flavour, self.port = name, flavour, free_port()
         self.speculative, self.num_steps = speculative, num_steps
@@ -70,6 +71,7 @@ class EngineDouble:
                 )
             if api_key:
                 config["api-key"] = api_key
+            config.update(options or {})
             config_path = workdir / f"{name}.yaml"
             config_path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config.items()), encoding="utf-8")
             args = ["serve", "--config", str(config_path)]
@@ -91,6 +93,8 @@ class EngineDouble:
                 ]
             if api_key:
                 args += ["--api-key", api_key]
+            for flag, value in (options or {}).items():
+                args += [f"--{flag}", value]
         full_env = {
             **os.environ,
             "ENGINE_DOUBLE_FLAVOUR": flavour,
