@@ -191,3 +191,47 @@ def test_other_locked_versions_accept_the_rendered_profiles(version: str, tmp_pa
     *profiles, abbreviated = output["results"]
     assert all(r["ok"] for r in profiles), [r.get("error") for r in profiles]
     assert "unrecognized arguments: --tensor-parallel 8" in abbreviated["error"]
+
+
+# Names the pinned vLLM registers for --reasoning-parser and --tool-call-parser. Its argument parser takes
+# any string there (vllm/engine/arg_utils.py; entrypoints/common/cli_args.py validate_parsed_serve_args only
+# checks that --enable-auto-tool-choice comes with a tool parser), so a misspelled name would pass it.
+REGISTERED_PARSERS_CODE = """
+import json
+from vllm.reasoning import ReasoningParserManager
+try:
+    from vllm.tool_parsers import ToolParserManager
+except ImportError:
+    from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+print(json.dumps({"reasoning-parser": sorted(ReasoningParserManager.list_registered()),
+                  "tool-call-parser": sorted(ToolParserManager.list_registered())}))
+"""
+PARSER_FLAGS = ("reasoning-parser", "tool-call-parser")
+
+
+@pytest.fixture(scope="module")
+def registered_parsers(venv: Path) -> dict[str, list[str]]:
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", REGISTERED_PARSERS_CODE], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", sorted(production_profiles()))
+def test_vllm_profile_has_the_kimi_parsers_of_the_sglang_profile(batch: dict[str, dict], name: str,
+                                                                  registered_parsers: dict[str, list[str]]):
+    """Served by either engine, a profile answers the same way: Kimi's tool calls parsed, its thinking split off."""
+    profile = production_profiles()[name]
+    wanted = {flag: value for flag, value in (profile.get("sglang_options") or {}).items() if flag in PARSER_FLAGS}
+    parsed = batch[f"profile:{name}"]["non_default"]
+    for flag, value in wanted.items():
+        assert parsed.get(flag.replace("-", "_")) == value, f"{name}: vLLM gets no --{flag} {value}"
+        assert value in registered_parsers[flag], f"{flag} {value} is not registered in vLLM"
+    if "tool-call-parser" in wanted:
+        assert parsed.get("enable_auto_tool_choice") is True, f"{name}: vLLM ignores tool calls without it"
+
+
+def test_parser_registry_reader_rejects_a_made_up_name(registered_parsers: dict[str, list[str]]):
+    assert "kimi_k2" in registered_parsers["reasoning-parser"]
+    assert "kimi_k2" in registered_parsers["tool-call-parser"]
+    assert "kimi_k22" not in registered_parsers["reasoning-parser"]
