@@ -195,6 +195,53 @@ def test_crash_at_start_rolls_back_and_the_previous_release_serves(host, runs):
     assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
 
 
+def test_garbage_output_rolls_back_naming_the_reply(host, runs):
+    before = host.state()["current"]
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "garbage-output"})
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    assert re.search(r"the smoke answer is wrong: asked 'What is \d{3} \+ \d{3}\? Reply with the number only\.', "
+                     r"expected \d+; got HTTP 200 .* content 'foss foss foss", flat), flat[-3000:]
+    assert f"Rolled back: {before} is serving again" in flat
+    assert host.state()["current"] == before and host.health() == 200
+
+
+def started_at(host: EngineHost, since: float, unit: str = "sglang.service") -> list[float]:
+    """Times (host clock, epoch seconds) at which systemd started `unit` since `since`."""
+    lines = host.sh(f"journalctl -u {unit} -o short-unix --no-pager --since @{since:.0f} | grep -E 'Started '")
+    return [float(line.split()[0]) for line in lines.splitlines()]
+
+
+def test_deadlock_on_generate_with_default_timeouts_rolls_back_within_stall_plus_smoke_timeout(host, runs):
+    """The reference host's failure: the engine loads, then no generation ever finishes. SGLang's /health
+    generates, so it answers 503 after the health-check timeout (20 s, the double's default as SGLang's),
+    exactly as while loading. No timeout is set here: the sandbox inventory's stall timeout and the verify
+    role's smoke timeout apply; the previous release must serve again within their sum + 10 %."""
+    sandbox = yaml.safe_load((REPO / "inventory/sandbox/group_vars/all/sandbox.yml").read_text())
+    verify_defaults = yaml.safe_load((REPO / "roles/verify/defaults/main.yml").read_text())
+    bound_s = 1.1 * (sandbox["sglang_stall_timeout_s"] + verify_defaults["verify_smoke_timeout_s"])
+    before = host.state()["current"]
+    since = float(host.sh("date +%s")) - 1
+    run = deploy(host, runs, "deploy_sglang.yml",
+                 sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "deadlock-on-generate"})
+    serving_again = float(host.sh("date +%s.%N"))
+    assert run.status == "failed"
+    assert host.health() == 200 and host.state()["current"] == before
+    flat = " ".join(run.stdout.split())
+    assert f"Rolled back: {before} is serving again" in flat
+    stall = re.search(r"stalled: sglang\.service wrote no journal line and was not ready for (\d+\.\d) s "
+                      r"\(stall timeout (\d+) s; last answer: ", flat)
+    assert stall, flat[-3000:]
+    assert int(stall.group(2)) == sandbox["sglang_stall_timeout_s"]
+    assert "Health check failed" in flat  # the journal tail: /health generated and answered 503 after 20 s
+    failed_start, rollback_start = started_at(host, since)[-2:]
+    assert rollback_start > failed_start
+    took = serving_again - failed_start
+    assert took <= bound_s, f"the previous release served again {took:.1f} s after the deadlocked one started"
+    print(f"deadlock-on-generate: previous release serves again {took:.1f} s after the failed start "
+          f"(stall fired after {stall.group(1)} s; bound {bound_s:.0f} s)")
+
+
 def test_hang_ends_at_the_readiness_timeout_with_the_journal_and_rolls_back(host, runs):
     before = host.state()["current"]
     run = deploy(
@@ -206,7 +253,7 @@ def test_hang_ends_at_the_readiness_timeout_with_the_journal_and_rolls_back(host
     )
     assert run.status == "failed"
     flat = run.stdout.replace("\n", " ")
-    assert "not ready after 4 s" in flat
+    assert re.search(r"not ready after 4\.\d s \(timeout 4 s; last answer: ", flat), flat[-3000:]
     assert "fault=hang" in flat  # the journal tail of the hung release
     assert host.state()["current"] == before and host.health() == 200
 
