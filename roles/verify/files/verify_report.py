@@ -249,7 +249,10 @@ def markdown(report: dict) -> str:
             lines.append(f"- Concurrency {row['concurrency']}: acceptance not measured: {accept['problem']}.")
     smoke = report.get("smoke") or {}
     if smoke:
-        lines += ["", "## Smoke", "", f"- Chat completion: {smoke.get('completion_tokens')} tokens, finish_reason "
+        lines += ["", "## Smoke", "", f"- Asked `{smoke.get('question')}`: the answer {smoke.get('expected')} came in "
+                  f"`{smoke.get('answer_field')}` ({smoke.get('reasoning_chars')} characters of "
+                  f"`{smoke.get('reasoning_field')}`)",
+                  f"- Chat completion: {smoke.get('completion_tokens')} tokens, finish_reason "
                   f"`{smoke.get('finish_reason')}`; first characters: `{smoke.get('preview')}`",
                   f"- Request without the API key: {smoke.get('unauthenticated')}"]
     return "\n".join(lines) + "\n"
