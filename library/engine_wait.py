@@ -11,7 +11,7 @@ description:
   - Polls I(url) until it answers I(status) or I(timeout_s) runs out. SGLang answers C(/health) with 503
     while it starts, then runs a real one-token generation and answers 503 after its own 20 s health-check
     timeout when that generation is stuck; vLLM answers 200 once its engine is up.
-  - The wait ends within I(timeout_s) plus a fraction of a second whatever the endpoint does: each request's
+  - The wait ends within I(timeout_s) plus a fraction of a second whatever the endpoint does; each request's
     timeout is I(request_timeout_s) capped by the time left, and every systemd and journal read is bounded too.
     Messages give the real elapsed time.
   - With I(unit), each poll also reads the unit's state from systemd. If the unit fails, stops, or is
@@ -20,7 +20,7 @@ description:
   - With I(unit) and I(stall_timeout_s), the wait also ends when the unit writes no new journal line for
     I(stall_timeout_s) while it is not ready (a deadlocked engine looks like a loading one to C(/health)).
     Lines matching I(progress_ignore) are the engine's echo of these very probes (access log lines of
-    C(/health), SGLang's "Health check failed") and are not progress: a slow 503 is "not ready", never
+    C(/health), SGLang's "Health check failed") and are not progress; a slow 503 is "not ready", never
     "still loading".
   - Read-only, so it runs in check mode too (a task that must not, sets C(check_mode) or C(when)).
 options:
