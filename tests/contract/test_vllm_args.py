@@ -209,12 +209,16 @@ print(json.dumps({"reasoning-parser": sorted(ReasoningParserManager.list_registe
 PARSER_FLAGS = ("reasoning-parser", "tool-call-parser")
 
 
-@pytest.fixture(scope="module")
-def registered_parsers(venv: Path) -> dict[str, list[str]]:
+def parsers_registered_in(venv: Path) -> dict[str, list[str]]:
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", REGISTERED_PARSERS_CODE], capture_output=True,
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def registered_parsers(venv: Path) -> dict[str, list[str]]:
+    return parsers_registered_in(venv)
 
 
 @pytest.mark.parametrize("name", sorted(production_profiles()))
@@ -235,3 +239,12 @@ def test_parser_registry_reader_rejects_a_made_up_name(registered_parsers: dict[
     assert "kimi_k2" in registered_parsers["reasoning-parser"]
     assert "kimi_k2" in registered_parsers["tool-call-parser"]
     assert "kimi_k22" not in registered_parsers["reasoning-parser"]
+
+
+@pytest.mark.parametrize("version", other_locked_vllm_versions())
+def test_other_locked_versions_register_the_profiles_parsers(version: str):
+    registered = parsers_registered_in(contract_venv(version))
+    for name, profile in production_profiles().items():
+        for flag, value in (profile.get("vllm_options") or {}).items():
+            if flag in PARSER_FLAGS:
+                assert value in registered[flag], f"{name}: vLLM {version} has no {flag} {value}"
