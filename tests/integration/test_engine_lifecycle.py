@@ -31,7 +31,11 @@ def build_profiles() -> dict:
     missing["model"]["path"] = "/srv/models/sandbox/not-downloaded"
     stranger_port = copy.deepcopy(profiles["sandbox-tiny"])
     stranger_port["port"] = 31000
-    profiles.update({"sandbox-missing-model": missing, "sandbox-port-31000": stranger_port})
+    pcie_ipc = {**copy.deepcopy(profiles["sandbox-tiny"]), "sglang_pcie_ipc_allreduce": True}
+    pcie_ipc_tp1 = copy.deepcopy(pcie_ipc)
+    pcie_ipc["tensor_parallel_size"] = 2
+    profiles.update({"sandbox-missing-model": missing, "sandbox-port-31000": stranger_port,
+                     "sandbox-pcie-ipc-tp2": pcie_ipc, "sandbox-pcie-ipc-tp1": pcie_ipc_tp1})
     return profiles
 
 
@@ -75,6 +79,24 @@ def test_check_diff_on_a_fresh_host_shows_the_unit_and_skips_start_and_wait(host
         header = f"TASK [engine_service : {task}]"
         assert header in run.stdout
         assert run.stdout.split(header, 1)[1].split("TASK [", 1)[0].count("skipping: [bws-it-engine]") == 1
+    assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
+
+
+def test_pcie_ipc_allreduce_setting_reaches_the_unit_environment_and_refuses_a_tp_it_cannot_serve(host, runs):
+    """Check mode: the profile switch puts SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 into the unit; TP 1 is refused."""
+    on = host.run_playbook("playbooks/deploy_sglang.yml", check=True,
+                           extravars={"engine_profile": "sandbox-pcie-ipc-tp2"})
+    runs.append(on)
+    assert on.rc == 0, on.stdout[-3000:]
+    assert 'Environment="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"' in on.stdout
+    off = host.run_playbook("playbooks/deploy_sglang.yml", check=True)
+    runs.append(off)
+    assert off.rc == 0 and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in off.stdout
+    refused = host.run_playbook("playbooks/deploy_sglang.yml", check=True,
+                                extravars={"engine_profile": "sandbox-pcie-ipc-tp1"})
+    runs.append(refused)
+    assert refused.rc != 0
+    assert "serves only a single-node tensor-parallel group of 2, 4 or 8 GPUs" in " ".join(refused.stdout.split())
     assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
 
 
