@@ -184,6 +184,7 @@ def test_an_argument_check_that_cannot_run_stops_the_deploy_before_the_switch(ho
     assert run.status == "failed"
     flat = " ".join(run.stdout.split())
     assert "the argument check of sglang 0.5.23 could not run (exit 1)" in flat
+    assert "as user sglang (HF_HUB_OFFLINE=1)" in flat, "the check runs as the service user, Hub offline"
     assert "Nothing that serves now was touched" in flat
     assert host.sh("ls /var/lib/llm-serving/releases") == releases, "the rejected release directory is removed"
     assert main_pid(host) == pid and host.health() == 200

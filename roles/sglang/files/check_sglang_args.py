@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import pwd
 import re
 import sys
 from pathlib import Path
@@ -176,6 +178,13 @@ def summarize(fields: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(summary, default=str))
 
 
+def running_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
 def sglang_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -211,8 +220,8 @@ def main(argv: list[str]) -> int:
         print(f"check_sglang_args: {redact(str(exc), secrets)}", file=sys.stderr)
         return EXIT_UNUSABLE
     except ImportError as exc:
-        print(f"check_sglang_args: cannot import SGLang's parser with {sys.executable}: {exc}",
-              file=sys.stderr)
+        print(f"check_sglang_args: cannot import SGLang's parser with {sys.executable} as user {running_user()} "
+              f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}): {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     result = {"config": str(config_path), "sglang_version": sglang_version(), "abbreviations": False,
               **result}
