@@ -144,15 +144,18 @@ def environment_facts() -> dict[str, Any]:
 
 
 def mig_check(nvidia_smi: str, gpus: list[str], timeout_s: float) -> dict[str, Any]:
-    """MIG mode of the GPUs (all when ``gpus`` is empty): {checked, enabled: [index], error}."""
-    result = run_tool([nvidia_smi, "--query-gpu=index,mig.mode.current", "--format=csv,noheader,nounits"],
+    """MIG mode of the GPUs (indices or UUIDs, as CUDA_VISIBLE_DEVICES names them; all when ``gpus`` is empty).
+
+    Returns {checked, enabled: [index], error}.
+    """
+    result = run_tool([nvidia_smi, "--query-gpu=index,uuid,mig.mode.current", "--format=csv,noheader,nounits"],
                       timeout_s)
     if not result["ok"]:
         return {"checked": False, "enabled": [], "error": result.get("error") or result.get("stderr")}
     enabled = []
     for line in result["stdout"].splitlines():
-        index, _, mode = (part.strip() for part in line.partition(","))
-        if (not gpus or index in gpus) and mode == "Enabled":
+        index, uuid, mode = ([part.strip() for part in line.split(",")] + ["", ""])[:3]
+        if (not gpus or index in gpus or uuid in gpus) and mode == "Enabled":
             enabled.append(index)
     return {"checked": True, "enabled": enabled, "error": None}
 
