@@ -34,10 +34,28 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
 EXIT_REJECTED = 2
 EXIT_UNUSABLE = 1
+
+
+def running_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def who() -> str:
+    """The interpreter, user and Hub mode this check runs with, for messages about why it could not run."""
+    hub = os.environ.get("HF_HUB_OFFLINE", "unset")
+    return f"with {sys.executable} as user {running_user()} (HF_HUB_OFFLINE={hub})"
+
+
+try:
+    import yaml  # the engine venv has it: SGLang's --config merger reads the file with PyYAML
+except ImportError as _exc:
+    print(f"check_sglang_args: cannot import PyYAML {who()}: {_exc}", file=sys.stderr)
+    sys.exit(EXIT_UNUSABLE)
 # Flag names whose values are secrets: --api-key, --admin-api-key, --ssl-keyfile-password, and the
 # watermark configuration (it carries the watermark key; upstream redacts it from its launch command too).
 SECRET_KEY = re.compile(r"((^|[-_])(api[-_]key|password|passwd|secret|token)|watermark[-_]config)$",
@@ -178,13 +196,6 @@ def summarize(fields: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(summary, default=str))
 
 
-def running_user() -> str:
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return f"uid {os.getuid()}"
-
-
 def sglang_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -220,8 +231,7 @@ def main(argv: list[str]) -> int:
         print(f"check_sglang_args: {redact(str(exc), secrets)}", file=sys.stderr)
         return EXIT_UNUSABLE
     except ImportError as exc:
-        print(f"check_sglang_args: cannot import SGLang's parser with {sys.executable} as user {running_user()} "
-              f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}): {exc}", file=sys.stderr)
+        print(f"check_sglang_args: cannot import SGLang's parser {who()}: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     result = {"config": str(config_path), "sglang_version": sglang_version(), "abbreviations": False,
               **result}
