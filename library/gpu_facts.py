@@ -29,6 +29,12 @@ options:
     description: Fail when nvidia-smi or the driver is missing; when false, return RV(available=false).
     type: bool
     default: true
+  timeout_s:
+    description:
+      - Seconds each nvidia-smi call may take. Past it the call is killed and the module fails saying so (a hung
+        nvidia-smi usually means a wedged GPU or driver), whatever O(fail_on_missing) says.
+    type: int
+    default: 30
 notes:
   - Read-only; check mode returns the same facts.
 attributes:
@@ -109,6 +115,8 @@ processes:
   elements: dict
 """
 
+import subprocess
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bws_nvidia import NvidiaError, driver_loaded, gather
 
@@ -116,18 +124,31 @@ ARGUMENT_SPEC = {
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
     "driver_proc_dir": {"type": "path", "default": "/proc/driver/nvidia"},
     "fail_on_missing": {"type": "bool", "default": True},
+    "timeout_s": {"type": "int", "default": 30},
 }
+
+
+def timed_runner(timeout_s: int):
+    """Run nvidia-smi under a timeout; an expired one is an NvidiaError of kind ``timeout`` that says so."""
+
+    def run(argv):
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise NvidiaError("timeout", f"{' '.join(argv)} did not finish within {timeout_s} s (timeout_s) and was "
+                                         "killed: the driver or a GPU is hung; check dmesg for Xid errors, then "
+                                         "nvidia-smi -r or a reboot") from exc
+        return proc.returncode, proc.stdout, proc.stderr
+
+    return run
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
 
-    def runner(argv):
-        return module.run_command(list(argv))
-
     try:
-        facts = gather(params["nvidia_smi"], params["driver_proc_dir"], runner)
+        facts = gather(params["nvidia_smi"], params["driver_proc_dir"], timed_runner(params["timeout_s"]))
     except NvidiaError as exc:
         missing = exc.kind in ("missing_tool", "no_driver")
         if params["fail_on_missing"] or not missing:

@@ -14,7 +14,7 @@ It answers the two queries the modules use, in the exact format of the recorded 
 Usage: ``nvidia_smi_double.py --config sim.json --query-gpu=... --format=csv,noheader,nounits``.
 The config (JSON) names ``dev_dir``, ``driver_version``, ``default_app_mib``, ``mode`` (``ok`` or
 ``no_driver``) and ``gpus`` (index, minor, uuid, name, pci_bus_id, compute_cap, memory_total_mib,
-persistence_mode). Tests write a two-line shell wrapper named ``nvidia-smi`` that passes ``--config``.
+persistence_mode, mig_mode). Tests write a two-line shell wrapper named ``nvidia-smi`` that passes ``--config``.
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def gpu_value(gpu: dict, field: str, used: int, driver: str) -> str:
         "memory.total": str(gpu["memory_total_mib"]),
         "utilization.gpu": "0",
         "persistence_mode": "Enabled" if gpu.get("persistence_mode", True) else "Disabled",
+        # "Enabled"/"Disabled" on MIG-capable boards (RTX PRO 6000 Blackwell, H200), "[N/A]" elsewhere.
+        "mig.mode.current": gpu.get("mig_mode", "Disabled"),
     }
     if field not in values:
         raise SystemExit(f'Field "{field}" is not a valid field to query.')

@@ -31,7 +31,11 @@ def build_profiles() -> dict:
     missing["model"]["path"] = "/srv/models/sandbox/not-downloaded"
     stranger_port = copy.deepcopy(profiles["sandbox-tiny"])
     stranger_port["port"] = 31000
-    profiles.update({"sandbox-missing-model": missing, "sandbox-port-31000": stranger_port})
+    pcie_ipc = {**copy.deepcopy(profiles["sandbox-tiny"]), "sglang_pcie_ipc_allreduce": True}
+    pcie_ipc_tp1 = copy.deepcopy(pcie_ipc)
+    pcie_ipc["tensor_parallel_size"] = 2
+    profiles.update({"sandbox-missing-model": missing, "sandbox-port-31000": stranger_port,
+                     "sandbox-pcie-ipc-tp2": pcie_ipc, "sandbox-pcie-ipc-tp1": pcie_ipc_tp1})
     return profiles
 
 
@@ -68,6 +72,7 @@ def test_check_diff_on_a_fresh_host_shows_the_unit_and_skips_start_and_wait(host
     runs.append(run)
     assert run.rc == 0, run.stdout[-3000:]
     assert "ExecStart=/opt/sglang/venv/bin/sglang serve --config /var/lib/llm-serving/releases/sglang-" in run.stdout
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in run.stdout, "the PCIe all-reduce is off unless the profile says so"
     for task in (
         "Activate | stop what serves now and start the release",
         "Activate | wait for readiness and run the post-start gate",
@@ -75,6 +80,22 @@ def test_check_diff_on_a_fresh_host_shows_the_unit_and_skips_start_and_wait(host
         header = f"TASK [engine_service : {task}]"
         assert header in run.stdout
         assert run.stdout.split(header, 1)[1].split("TASK [", 1)[0].count("skipping: [bws-it-engine]") == 1
+    assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
+
+
+def test_pcie_ipc_allreduce_setting_reaches_the_unit_environment_and_refuses_a_tp_it_cannot_serve(host, runs):
+    """Check mode: the profile switch puts SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 into the unit (the default profile
+    leaves it out: previous test); TP 1 is refused."""
+    on = host.run_playbook("playbooks/deploy_sglang.yml", check=True,
+                           extravars={"engine_profile": "sandbox-pcie-ipc-tp2"})
+    runs.append(on)
+    assert on.rc == 0, on.stdout[-3000:]
+    assert 'Environment="SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"' in on.stdout
+    refused = host.run_playbook("playbooks/deploy_sglang.yml", check=True,
+                                extravars={"engine_profile": "sandbox-pcie-ipc-tp1"})
+    runs.append(refused)
+    assert refused.rc != 0
+    assert "serves only a single-node tensor-parallel group of 2, 4 or 8 GPUs" in " ".join(refused.stdout.split())
     assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
 
 
@@ -162,6 +183,7 @@ def test_an_argument_check_that_cannot_run_stops_the_deploy_before_the_switch(ho
     assert run.status == "failed"
     flat = " ".join(run.stdout.split())
     assert "the argument check of sglang 0.5.23 could not run (exit 1)" in flat
+    assert "as user sglang (HF_HUB_OFFLINE=1)" in flat, "the check runs as the service user, Hub offline"
     assert "Nothing that serves now was touched" in flat
     assert host.sh("ls /var/lib/llm-serving/releases") == releases, "the rejected release directory is removed"
     assert main_pid(host) == pid and host.health() == 200

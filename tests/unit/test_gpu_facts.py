@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import ansible.module_utils
@@ -175,3 +176,14 @@ def test_main_without_driver_can_return_instead_of_failing(tmp_path, capsys):
     assert code == 0
     assert out["available"] is False and out["driver_loaded"] is False
     assert out["gpus"] == [] and "nvidia-smi not found" in out["reason"]
+
+
+def test_hung_nvidia_smi_ends_at_the_timeout_and_says_so(tmp_path, capsys):
+    hung = tmp_path / "nvidia-smi"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    started = time.monotonic()
+    rc, result = run_main({"nvidia_smi": str(hung), "timeout_s": 1, "fail_on_missing": False}, capsys)
+    assert time.monotonic() - started < 5
+    assert rc == 1 and result["failed"] is True and result["kind"] == "timeout"
+    assert "did not finish within 1 s (timeout_s)" in result["msg"]

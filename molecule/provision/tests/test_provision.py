@@ -254,13 +254,17 @@ def background_runs():
     """Read-only playbook runs (check mode, refusals, preflight) go on while the quick checks above run."""
     for name, cmdline in CMDLINES.items():
         subprocess.run(["podman", "exec", HOSTS[0], "sh", "-c", f"echo '{cmdline}' > /run/cmdline-{name}"], check=True)
+    # IOMMU groups without a type file (kernels before 5.11): the command line decides the mode. The container's
+    # own sysfs may have no groups at all (no IOMMU), which would hide the command line.
+    subprocess.run(["podman", "exec", HOSTS[0], "mkdir", "-p", "/run/iommu-groups-untyped/0/devices"], check=True)
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {"check": pool.submit(playbook, str(SCENARIO / "converge.yml"), "--check")}
         futures.update({name: pool.submit(probe, *case[0]) for name, case in REFUSALS.items()})
         futures.update(
             {
                 f"cmdline-{name}": pool.submit(
-                    probe, "host_preflight", "-e", f"host_preflight_cmdline_file=/run/cmdline-{name}"
+                    probe, "host_preflight", "-e", f"host_preflight_cmdline_file=/run/cmdline-{name}",
+                    "-e", "host_preflight_iommu_groups_dir=/run/iommu-groups-untyped",
                 )
                 for name in CMDLINES
             }

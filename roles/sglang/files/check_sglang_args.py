@@ -3,7 +3,7 @@
 
 Run it with the engine venv's python, so the check uses the installed engine's code:
 
-    <venv>/bin/python check_sglang_args.py /etc/sglang/<profile>.yaml [EXTRA_ARGV ...]
+    <venv>/bin/python check_sglang_args.py [--resolve] /etc/sglang/<profile>.yaml [EXTRA_ARGV ...]
 
 1. The config is merged into argv by SGLang's own merger, the code path `--config` takes
    (`sglang.srt.utils.server_args_config_parser.ConfigArgumentMerger`, as `prepare_server_args` uses it).
@@ -12,6 +12,12 @@ Run it with the engine venv's python, so the check uses the installed engine's c
    `speculative-num-steps` without a word. Unknown keys, bad choices and bad values are rejected with the
    parser's own message.
 3. `ServerArgs.from_cli_args` builds the server's argument object, as the server does.
+4. With --resolve (the semantic check, on the GPU host): `ServerArgs.resolve_once()`, the resolution pipeline
+   the server runs before it loads anything (sglang/srt/server_args.py, srt/arg_groups/pipeline.py of 0.5.23):
+   it reads the model's and the drafter's config.json and runs the model, attention-backend, memory and
+   speculative hooks, which reject combinations the parser accepts (for example EAGLE3 with the flex_attention
+   backend). Parsing alone never reaches them, and neither does resolution for a dummy model path. Run it as
+   the service user with HF_HUB_OFFLINE=1, so it reads the local weights the way the engine will.
 
 Exit status: 0 accepted (prints JSON of the values that matter), 2 rejected by SGLang, 1 unusable input.
 Secrets (API keys and the like) are never printed: not in the JSON, not in an error message.
@@ -21,15 +27,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import pwd
 import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
 EXIT_REJECTED = 2
 EXIT_UNUSABLE = 1
+
+
+def running_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def who() -> str:
+    """The interpreter, user and Hub mode this check runs with, for messages about why it could not run."""
+    hub = os.environ.get("HF_HUB_OFFLINE", "unset")
+    return f"with {sys.executable} as user {running_user()} (HF_HUB_OFFLINE={hub})"
+
+
+try:
+    import yaml  # the engine venv has it: SGLang's --config merger reads the file with PyYAML
+except ImportError as _exc:
+    print(f"check_sglang_args: cannot import PyYAML {who()}: {_exc}", file=sys.stderr)
+    sys.exit(EXIT_UNUSABLE)
 # Flag names whose values are secrets: --api-key, --admin-api-key, --ssl-keyfile-password, and the
 # watermark configuration (it carries the watermark key; upstream redacts it from its launch command too).
 SECRET_KEY = re.compile(r"((^|[-_])(api[-_]key|password|passwd|secret|token)|watermark[-_]config)$",
@@ -49,6 +75,10 @@ REPORTED_FIELDS = (
 
 class RejectedError(Exception):
     """SGLang's parser refused the configuration."""
+
+
+class ResolutionRejectedError(RejectedError):
+    """SGLang's resolution (ServerArgs.resolve_once) refused a configuration its parser accepted."""
 
 
 class StrictParser(argparse.ArgumentParser):
@@ -119,7 +149,18 @@ def load_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def check(config_path: Path, extra_argv: list[str]) -> dict[str, Any]:
+def resolve(server_args: Any) -> dict[str, Any]:
+    """Run SGLang's own resolution; its error is the rejection message. Returns the resolved values."""
+    try:
+        server_args.resolve_once()
+    except ImportError:
+        raise
+    except Exception as exc:  # the hooks raise ValueError, AssertionError, NotImplementedError, RuntimeError...
+        raise ResolutionRejectedError(f"{type(exc).__name__}: {exc}") from exc
+    return server_args.resolved_dict()
+
+
+def check(config_path: Path, extra_argv: list[str], semantic: bool = False) -> dict[str, Any]:
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
@@ -135,7 +176,9 @@ def check(config_path: Path, extra_argv: list[str]) -> dict[str, Any]:
         server_args = ServerArgs.from_cli_args(namespace)
     except (ValueError, TypeError, AssertionError) as exc:
         raise RejectedError(f"{type(exc).__name__}: {exc}") from exc
-    return summarize(server_args)
+    if not semantic:
+        return {**summarize(field_values(server_args)), "resolved": False}
+    return {**summarize(resolve(server_args)), "resolved": True}
 
 
 def field_values(server_args: Any) -> dict[str, Any]:
@@ -146,8 +189,7 @@ def field_values(server_args: Any) -> dict[str, Any]:
     return {name: getattr(server_args, name) for name in names}
 
 
-def summarize(server_args: Any) -> dict[str, Any]:
-    fields = field_values(server_args)
+def summarize(fields: dict[str, Any]) -> dict[str, Any]:
     summary = {name: fields[name] for name in REPORTED_FIELDS if name in fields}
     summary["api_key_set"] = bool(fields.get("api_key"))
     summary["admin_api_key_set"] = bool(fields.get("admin_api_key"))
@@ -167,23 +209,29 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__, file=sys.stderr)
         return EXIT_UNUSABLE if not argv else 0
+    semantic = argv[0] == "--resolve"
+    if semantic:
+        argv = argv[1:]
+        if not argv:
+            print(__doc__, file=sys.stderr)
+            return EXIT_UNUSABLE
     config_path, extra_argv = Path(argv[0]), argv[1:]
     secrets: list[str] = []
     try:
         config = load_config(config_path)
         secrets = secret_values(config, extra_argv)
-        result = check(config_path, extra_argv)
+        result = check(config_path, extra_argv, semantic)
     except RejectedError as exc:
         print(f"sglang serve: error: {redact(str(exc), secrets)}", file=sys.stderr)
-        print(f"REJECTED by sglang {sglang_version()}'s parser (abbreviations off): {config_path}",
-              file=sys.stderr)
+        stage = ("resolution (ServerArgs.resolve_once)" if isinstance(exc, ResolutionRejectedError)
+                 else "parser (abbreviations off)")
+        print(f"REJECTED by sglang {sglang_version()}'s {stage}: {config_path}", file=sys.stderr)
         return EXIT_REJECTED
     except ValueError as exc:
         print(f"check_sglang_args: {redact(str(exc), secrets)}", file=sys.stderr)
         return EXIT_UNUSABLE
     except ImportError as exc:
-        print(f"check_sglang_args: cannot import SGLang's parser with {sys.executable}: {exc}",
-              file=sys.stderr)
+        print(f"check_sglang_args: cannot import SGLang's parser {who()}: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     result = {"config": str(config_path), "sglang_version": sglang_version(), "abbreviations": False,
               **result}
