@@ -11,7 +11,21 @@ short_description: Stop inference-engine processes and free the NVIDIA GPUs and 
 description:
   - Selects B(targets) = members of the cgroups of O(units) (from the unit's C(cgroup.procs), cgroup v1
     and v2, and from every C(/proc/<pid>/cgroup)), processes whose process title or program matches
-    O(patterns), and the descendants of both.
+    O(patterns) B(and) that are in scope (O(scope)), and their descendants in scope.
+  - "Scope is judged from the module's own view, so that it behaves the same on a bare host and inside a
+    container that runs systemd: its own PID namespace (C(/proc/self/ns/pid)) and its own cgroup root (its
+    path in C(/proc/self/cgroup) up to its deepest container component, else C(/)). With O(scope=default) an
+    engine-pattern process is a target only when it runs as one of O(service_users), in this PID namespace,
+    and below the root outside user sessions (C(user.slice), C(user-*.slice), C(session-*.scope),
+    C(user@*.service)) and container or pod cgroups (C(libpod-*), C(docker-*), C(kubepods*),
+    C(machine.slice), C(crio-*), C(cri-containerd-*), C(lxc.payload*) ...). A unit's cgroup is recognised
+    only outside sessions and containers, so a user's own C(user@1000.service/app.slice/sglang.service) is
+    not the unit C(sglang.service)."
+  - O(scope=host) is an explicit opt-in for engines started by hand over ssh (in a session, as any user) -
+    any engine-pattern process of this PID namespace outside containers is a target, which is what the old
+    teardown one-liner did, minus protected daemons and minus other containers.
+  - Every other process that matches a pattern, or that uses a GPU for compute, is B(foreign) - named in
+    RV(foreign) and the summary with the reason, never signalled.
   - Never targets the module itself, its ancestors (the Ansible process chain), PID 1, kernel threads, or a
     protected daemon (O(protected) + O(extra_protected), such as C(nvidia-persistenced), C(nv-hostengine),
     C(Xorg) ...).
@@ -26,8 +40,15 @@ description:
     names PIDs of another PID namespace is an open C(nvidia-uvm) taken as compute use.
   - The device minor of C(/dev/nvidiaN) is mapped to a GPU through
     C(/proc/driver/nvidia/gpus/*/information), not assumed to equal nvidia-smi's index.
-  - Removes from O(shm_dir) only entries that match O(shm_patterns), are regular files, belong to
-    O(shm_owner) when given, and that no live process has open (C(/proc/*/fd)) or mapped (C(/proc/*/maps)).
+  - Removes from O(shm_dir) only entries that match O(shm_patterns), are regular files, belong to one of
+    O(shm_owner) (by default the O(service_users)), and that no live process has open (C(/proc/*/fd)) or
+    mapped (C(/proc/*/maps)). Other users' entries are never removed by default.
+  - With O(stop_units), it first stops and disables the loaded O(units) with systemctl (where systemd runs),
+    clears a failed state, and after the release fails when a unit still runs, is enabled or has processes
+    left in its cgroup; one module call does the whole teardown.
+  - With O(report_only), it only looks - no unit is stopped, nothing signalled or removed, C(changed) is
+    false - and reports targets, foreign processes and GPU holders; with O(fail_on_foreign_holders) this is
+    the check a deploy runs before it stops anything.
   - "Pattern matching, precisely: a single-word pattern matches, with shell wildcards and case-sensitive,
     either argv[0] as written (the process title, for example C(sglang::scheduler_TP0) or C(VLLM::EngineCore))
     or the program; a C(PROG ARG) pattern matches the program and the argument right after it. The program is
@@ -113,15 +134,36 @@ options:
     elements: str
     default: ['nccl-*', 'psm_*', 'sem.mp-*', 'torch_*', 'multi_tokenizer_*']
   shm_owner:
-    description: Remove only entries owned by this user (name or uid); empty means any owner.
-    type: str
-    default: ''
+    description: Remove only entries owned by these users (names or uids); empty means the O(service_users).
+    type: list
+    elements: str
+    default: []
   clean_shm:
     description: Whether to clean O(shm_dir) at all.
     type: bool
     default: true
   fail_on_foreign_holders:
-    description: Fail when a process that is not a target still uses a selected GPU for compute.
+    description: Fail when a process that is not a target uses a selected GPU for compute (also one whose
+      PID is not visible here).
+    type: bool
+    default: false
+  scope:
+    description: C(default) (engine processes of O(service_users) outside user sessions and containers) or
+      C(host) (engine processes of any user in this PID namespace, still never in a container); see above.
+    type: str
+    choices: [default, host]
+    default: default
+  service_users:
+    description: The engines' service users (names or uids); names that are no user on this host are skipped.
+    type: list
+    elements: str
+    default: [sglang, vllm]
+  stop_units:
+    description: Stop and disable O(units) first (systemd only) and check afterwards that they are down.
+    type: bool
+    default: false
+  report_only:
+    description: Only report targets, foreign processes and GPU holders; change nothing.
     type: bool
     default: false
 notes:
@@ -143,7 +185,18 @@ EXAMPLES = r"""
   gpu_release:
     units: [sglang.service, vllm.service]
     grace_s: 10
-    shm_owner: sglang
+    shm_owner: [sglang]
+
+- name: Before a switch, fail naming any foreign process on the GPUs the engine needs
+  gpu_release:
+    units: [sglang.service, vllm.service]
+    gpus: ["0", "1"]
+    report_only: true
+    fail_on_foreign_holders: true
+
+- name: Engines started by hand over ssh (any user, in a login session)
+  gpu_release:
+    scope: host
 
 - name: Tests point it at a GPU simulator and stand-in device files
   gpu_release:
@@ -182,13 +235,48 @@ signalled:
   description: PIDs sent SIGTERM (TERM) and SIGKILL (KILL); in check mode what would be sent.
   returned: always
   type: dict
+scope:
+  description: The scope used (default or host).
+  returned: always
+  type: str
+scope_description:
+  description: One line saying what the scope takes as targets.
+  returned: always
+  type: str
+service_users:
+  description: O(service_users) found on this host (present) and not (absent).
+  returned: always
+  type: dict
+units:
+  description: With O(stop_units) - service_manager, per unit its state after the stop, stopped, disabled, reset_failed.
+  returned: always
+  type: dict
+units_left:
+  description: Units still running or enabled, or with processes in their cgroups, after the release.
+  returned: always
+  type: list
+  elements: str
+driver_version:
+  description: The NVIDIA driver version nvidia-smi reports (null without one).
+  returned: always
+  type: str
+gpu_count:
+  description: GPUs nvidia-smi lists.
+  returned: always
+  type: int
+foreign:
+  description: Processes that match an engine pattern or use a GPU for compute but are not ours - pid, cmd,
+    user, reason (why out of scope), gpus; never signalled.
+  returned: always
+  type: list
+  elements: dict
 spared:
   description: Processes that matched or hold a GPU but were not signalled, with the reason.
   returned: always
   type: list
   elements: dict
 foreign_holders:
-  description: Non-engine processes using a GPU for compute; never signalled.
+  description: Processes that are not targets and use a GPU for compute (pid, cmd, gpus, reason); never signalled.
   returned: always
   type: list
   elements: dict
@@ -223,6 +311,7 @@ import shutil
 import signal
 import stat
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -241,11 +330,15 @@ from ansible.module_utils.bws_nvidia import (
 from ansible.module_utils.bws_procfs import (
     Proc,
     ancestors,
-    cgroup_in_unit,
     descendants,
     first_matching_pattern,
     identity,
+    in_system_unit,
     is_alive,
+    own_cgroup_roots,
+    parse_cgroup_entries,
+    placement,
+    read_link,
     read_mapped_paths,
     snapshot,
     unit_cgroup_pids,
@@ -304,9 +397,13 @@ ARGUMENT_SPEC: dict[str, Any] = {
         "elements": "str",
         "default": ["nccl-*", "psm_*", "sem.mp-*", "torch_*", "multi_tokenizer_*"],
     },
-    "shm_owner": {"type": "str", "default": ""},
+    "shm_owner": {"type": "list", "elements": "str", "default": []},
     "clean_shm": {"type": "bool", "default": True},
     "fail_on_foreign_holders": {"type": "bool", "default": False},
+    "scope": {"type": "str", "default": "default", "choices": ["default", "host"]},
+    "service_users": {"type": "list", "elements": "str", "default": ["sglang", "vllm"]},
+    "stop_units": {"type": "bool", "default": False},
+    "report_only": {"type": "bool", "default": False},
 }
 
 
@@ -402,7 +499,95 @@ def protected_name(proc: Proc, protected: list[str]) -> str | None:
     return None
 
 
-def unit_members(module: AnsibleModule, units: list[str], procs: dict[int, Proc], cgroup_root: str) -> dict[int, str]:
+class Scope:
+    """Which processes are ours, judged from this module's own PID namespace and cgroup root."""
+
+    def __init__(self, params: dict[str, Any], procs: dict[int, Proc]) -> None:
+        self.name: str = params["scope"]
+        self.pidns = read_link("/proc/self/ns/pid")
+        me = procs.get(os.getpid())
+        entries = me.cgroup_entries if me is not None else parse_cgroup_entries(_read_text("/proc/self/cgroup"))
+        self.roots = own_cgroup_roots(entries)
+        self.users = resolve_users(params["service_users"])
+
+    @property
+    def user_names(self) -> str:
+        return ", ".join(self.users.present) or "none present on this host"
+
+    def describe(self, units: list[str]) -> str:
+        unit_part = f"members of the cgroups of {', '.join(units)}" if units else "no units"
+        if self.name == "host":
+            who = "engine processes of any user in this PID namespace, outside containers (scope host)"
+        else:
+            who = (
+                f"engine processes of the engine service users ({self.user_names}) in this PID namespace, "
+                "outside user sessions and containers (scope default)"
+            )
+        return f"scope {self.name}: targets are {unit_part}, and {who}"
+
+    def out_of_scope(self, proc: Proc) -> str | None:
+        """Why an engine-looking process is not ours (None when it is)."""
+        if self.pidns and proc.pidns and proc.pidns != self.pidns:
+            return f"in another PID namespace ({proc.pidns}): a container's process"
+        place = placement(proc.cgroup_entries, self.roots)
+        if place.kind == "outside":
+            return f"outside this module's cgroup root ({place.path})"
+        if place.kind == "container":
+            return f"in a container or pod cgroup ({place.path})"
+        if self.name == "host":
+            return None
+        if place.kind == "session":
+            return f"in a user session ({place.path}); scope host would take it"
+        if proc.uid not in self.users.uids:
+            return f"runs as {user_name(proc.uid)}, not an engine service user ({self.user_names})"
+        return None
+
+
+@dataclass
+class Users:
+    present: list[str]
+    uids: set[int]
+    absent: list[str]
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "an unknown user"
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def resolve_users(names: list[str]) -> Users:
+    """Users given by name or uid; names that are not users on this host own nothing here."""
+    users = Users([], set(), [])
+    for name in map(str, names):
+        if name.isdigit():
+            users.uids.add(int(name))
+            users.present.append(name)
+            continue
+        try:
+            users.uids.add(pwd.getpwnam(name).pw_uid)
+            users.present.append(name)
+        except KeyError:
+            users.absent.append(name)
+    return users
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def unit_members(
+    module: AnsibleModule, units: list[str], procs: dict[int, Proc], cgroup_root: str, roots: dict[str, str]
+) -> dict[int, str]:
+    """Members of the units' cgroups: systemd's own ControlGroup, and every process whose cgroup path
+    below the root names the unit outside user sessions and containers."""
     members: dict[int, str] = {}
     systemctl = shutil.which("systemctl")
     for unit in units:
@@ -412,46 +597,165 @@ def unit_members(module: AnsibleModule, units: list[str], procs: dict[int, Proc]
                 for pid in unit_cgroup_pids(cgroup_root, out.strip()):
                     members.setdefault(pid, f"member of {unit} cgroup")
         for proc in procs.values():
-            if any(cgroup_in_unit(path, unit) for path in proc.cgroups):
+            if in_system_unit(proc.cgroup_entries, roots, unit):
                 members.setdefault(proc.pid, f"member of {unit} cgroup")
     return members
 
 
-def select(params: dict[str, Any], module: AnsibleModule, procs: dict[int, Proc]) -> tuple[dict[int, str], list[dict]]:
-    """(target pid -> reason, spared [{pid, cmd, reason}]) for engine candidates."""
+def foreign_entry(proc: Proc, reason: str) -> dict[str, Any]:
+    return {**proc.brief(), "user": user_name(proc.uid), "reason": reason}
+
+
+def never_reason(proc: Proc, never: set[int], protected: list[str]) -> str | None:
+    if proc.pid == os.getpid():
+        return "this module itself"
+    if proc.pid in never:
+        return "ancestor of this module (the caller)" if proc.pid != 1 else "PID 1 (init)"
+    if not proc.argv:
+        return "kernel thread"
+    name = protected_name(proc, protected)
+    return f"protected daemon ({name})" if name else None
+
+
+def select(
+    params: dict[str, Any], module: AnsibleModule, procs: dict[int, Proc], scope: Scope
+) -> tuple[dict[int, str], list[dict], dict[int, dict]]:
+    """(target pid -> reason, spared [{pid, cmd, reason}], foreign pid -> {pid, cmd, user, reason}).
+
+    Targets: members of the units' cgroups, engine-pattern processes in scope, and their descendants in
+    scope. An engine-pattern process (or a target's descendant) out of scope is foreign: named, never signalled.
+    """
     me = os.getpid()
     never = {me, 1} | ancestors(me, procs)
     protected = list(params["protected"]) + list(params["extra_protected"])
     candidates: dict[int, str] = {}
-    for pid, reason in unit_members(module, params["units"], procs, params["cgroup_root"]).items():
+    foreign: dict[int, dict] = {}
+    for pid, reason in unit_members(module, params["units"], procs, params["cgroup_root"], scope.roots).items():
         if pid in procs:
             candidates[pid] = reason
     for proc in procs.values():
         pattern = first_matching_pattern(proc.argv, params["patterns"])
-        if pattern is not None and proc.pid not in candidates:
+        if pattern is None or proc.pid in candidates:
+            continue
+        why_not = scope.out_of_scope(proc)
+        if why_not is None:
             candidates[proc.pid] = f"matches engine pattern {pattern!r}"
+        elif proc.pid not in never:
+            foreign[proc.pid] = foreign_entry(proc, f"matches {pattern!r}, {why_not}")
     for pid, root in descendants(set(candidates), procs).items():
-        candidates.setdefault(pid, f"descendant of {root}")
+        if pid in candidates:
+            continue
+        why_not = None if pid in never else scope.out_of_scope(procs[pid])  # never: spared below, named as such
+        if why_not is None:
+            candidates[pid] = f"descendant of {root}"
+        else:
+            foreign.setdefault(pid, foreign_entry(procs[pid], f"child of {root}, {why_not}"))
     targets: dict[int, str] = {}
     spared: list[dict] = []
     for pid, reason in sorted(candidates.items()):
-        proc = procs[pid]
-        why = None
-        if pid == me:
-            why = "this module itself"
-        elif pid in never:
-            why = "ancestor of this module (the caller)" if pid != 1 else "PID 1 (init)"
-        elif not proc.argv:
-            why = "kernel thread"
-        else:
-            name = protected_name(proc, protected)
-            if name:
-                why = f"protected daemon ({name})"
+        why = never_reason(procs[pid], never, protected)
         if why:
-            spared.append({**proc.brief(), "reason": f"{why}; was selected as {reason}"})
+            spared.append({**procs[pid].brief(), "reason": f"{why}; was selected as {reason}"})
         else:
             targets[pid] = reason
-    return targets, spared
+    return targets, spared, foreign
+
+
+# ---------------------------------------------------------------- systemd units
+
+UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,Result,UnitFileState"
+ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
+
+
+def systemd_runs_here() -> str | None:
+    """systemctl's path when systemd is the service manager of this host (sd_booted), else None."""
+    systemctl = shutil.which("systemctl")
+    return systemctl if systemctl and os.path.isdir("/run/systemd/system") else None
+
+
+def show_units(module: AnsibleModule, systemctl: str, units: list[str]) -> dict[str, dict[str, str]]:
+    """``systemctl show`` of all units in one call: one KEY=VALUE block per unit."""
+    rc, out, err = module.run_command([systemctl, "show", f"--property={UNIT_PROPERTIES}", *units])
+    if rc != 0:
+        raise ReleaseError(f"systemctl show {' '.join(units)} failed (rc={rc}): {err.strip()}")
+    states: dict[str, dict[str, str]] = {}
+    for block in out.strip().split("\n\n"):
+        state = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if state.get("Id"):
+            states[state["Id"]] = state
+    return states
+
+
+def systemctl_do(module: AnsibleModule, systemctl: str, verb: str, units: list[str]) -> None:
+    if not units:
+        return
+    rc, _, err = module.run_command([systemctl, verb, *units])
+    if rc != 0:
+        raise ReleaseError(f"systemctl {verb} {' '.join(units)} failed (rc={rc}): {err.strip()}")
+
+
+def stop_units(module: AnsibleModule, units: list[str], check_mode: bool) -> dict[str, Any]:
+    """Stop and disable the loaded units, clear a failed state; what was done per unit.
+
+    ``systemctl stop`` returns 0 even when the stop ran into TimeoutStopSec and ended in SIGKILL: the unit's
+    Result (``timeout``) says so, and the cgroup is checked after the release.
+    """
+    systemctl = systemd_runs_here()
+    if systemctl is None or not units:
+        return {"service_manager": "systemd" if systemctl else "none", "units": {}, "stopped": [], "disabled": []}
+    before = show_units(module, systemctl, units)
+    loaded = [u for u in units if before.get(u, {}).get("LoadState") == "loaded"]
+    running = [u for u in loaded if before[u].get("ActiveState") not in ("inactive", "failed")]
+    enabled = [u for u in loaded if before[u].get("UnitFileState") in ENABLED_STATES]
+    after, reset = before, []
+    if not check_mode:
+        systemctl_do(module, systemctl, "stop", running)
+        systemctl_do(module, systemctl, "disable", enabled)
+        after = show_units(module, systemctl, units) if running or enabled else before
+        reset = [u for u in loaded if after[u].get("ActiveState") == "failed"]
+        systemctl_do(module, systemctl, "reset-failed", reset)
+    return {
+        "service_manager": "systemd",
+        "units": {u: {**after.get(u, {"LoadState": "not-found"}), "failed_state_cleared": u in reset} for u in units},
+        "stopped": running,
+        "disabled": enabled,
+        "reset_failed": reset,
+    }
+
+
+def unit_lines(units: dict[str, Any], check_mode: bool) -> list[str]:
+    if units["service_manager"] != "systemd":
+        return ["no systemd on this host: unit handling skipped"]
+    lines = []
+    for unit, s in units["units"].items():
+        if s.get("LoadState") != "loaded":
+            lines.append(f"unit {unit}: not installed")
+            continue
+        line = f"unit {unit}: {s['ActiveState']}, {s['UnitFileState']}, last result {s['Result']}"
+        if s["Result"] == "timeout":
+            line += " (the stop ran into TimeoutStopSec and ended in SIGKILL)"
+        if s.get("failed_state_cleared"):
+            line += "; failed state cleared"
+        lines.append(line)
+    if check_mode and (units["stopped"] or units["disabled"]):
+        lines.append("check mode: would stop/disable " + ", ".join(dict.fromkeys(units["stopped"] + units["disabled"])))
+    return lines
+
+
+def units_left(units: dict[str, Any], procs: dict[int, Proc], roots: dict[str, str]) -> list[str]:
+    """What is wrong with the units after the release: still running, still enabled, processes in their cgroups."""
+    problems = []
+    for unit, s in units["units"].items():
+        if s.get("LoadState") != "loaded":
+            continue
+        if s.get("ActiveState") not in ("inactive", "failed"):
+            problems.append(f"{unit} still {s.get('ActiveState')}")
+        if s.get("UnitFileState") in ("enabled", "enabled-runtime"):
+            problems.append(f"{unit} still enabled")
+        left = [str(p.pid) for p in procs.values() if in_system_unit(p.cgroup_entries, roots, unit)]
+        if left:
+            problems.append(f"processes left in the cgroup of {unit}: {', '.join(left)}")
+    return problems
 
 
 # ---------------------------------------------------------------- signalling
@@ -568,17 +872,6 @@ def wait_for_memory_to_settle(gpu: Gpu, params: dict[str, Any], readings: int = 
 # ---------------------------------------------------------------- /dev/shm
 
 
-def resolve_owner(owner: str) -> int | None:
-    if not owner:
-        return None
-    if owner.isdigit():
-        return int(owner)
-    try:
-        return pwd.getpwnam(owner).pw_uid
-    except KeyError as exc:
-        raise ReleaseError(f"shm_owner {owner!r} is not a user on this host") from exc
-
-
 def shm_users(shm_dir: str, procs: dict[int, Proc]) -> dict[str, set[int]]:
     """shm path -> PIDs that have it open or mapped."""
     prefix = shm_dir.rstrip("/") + "/"
@@ -592,10 +885,26 @@ def shm_users(shm_dir: str, procs: dict[int, Proc]) -> dict[str, set[int]]:
     return users
 
 
-def clean_shm(params: dict[str, Any], procs: dict[int, Proc], check_mode: bool, targets: set[int]) -> dict[str, Any]:
-    result: dict[str, Any] = {"dir": params["shm_dir"], "removed": [], "would_remove": [], "kept": []}
+def shm_owners(params: dict[str, Any], scope: Scope) -> Users:
+    """Whose /dev/shm entries may go: O(shm_owner), or the engine service users when it is empty."""
+    return resolve_users(params["shm_owner"]) if params["shm_owner"] else scope.users
+
+
+def clean_shm(
+    params: dict[str, Any], procs: dict[int, Proc], check_mode: bool, targets: set[int], owners: Users
+) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "dir": params["shm_dir"],
+        "owners": owners.present,
+        "removed": [],
+        "would_remove": [],
+        "kept": [],
+    }
     if not params["clean_shm"]:
         result["skipped"] = "clean_shm is false"
+        return result
+    if params["report_only"]:
+        result["skipped"] = "report only"
         return result
     shm_dir = os.path.realpath(params["shm_dir"])
     try:
@@ -603,7 +912,6 @@ def clean_shm(params: dict[str, Any], procs: dict[int, Proc], check_mode: bool, 
     except OSError as exc:
         result["skipped"] = f"cannot list {shm_dir}: {exc.strerror}"
         return result
-    owner = resolve_owner(params["shm_owner"])
     users = shm_users(shm_dir, procs)
     for name in names:
         if not any(fnmatch.fnmatchcase(name, p) for p in params["shm_patterns"]):
@@ -619,8 +927,8 @@ def clean_shm(params: dict[str, Any], procs: dict[int, Proc], check_mode: bool, 
         reason = None
         if not stat.S_ISREG(st.st_mode):
             reason = "not a regular file"
-        elif owner is not None and st.st_uid != owner:
-            reason = f"owned by uid {st.st_uid}, not {params['shm_owner']}"
+        elif st.st_uid not in owners.uids:
+            reason = f"owned by {user_name(st.st_uid)}, not by {', '.join(owners.present) or 'an engine service user'}"
         elif holders:
             reason = "open or mapped by PIDs " + ", ".join(str(p) for p in sorted(holders))
         if reason:
@@ -670,36 +978,44 @@ def gpu_table(
     return table
 
 
+def gpu_line(g: dict[str, Any]) -> str:
+    roles: dict[str, int] = {}
+    for h in g["holders"]:
+        roles[h["role"]] = roles.get(h["role"], 0) + 1
+    found = ", ".join(f"{n} {r}" for r, n in sorted(roles.items())) or "no holders"
+    mem = ""
+    if g.get("memory_used_before_mib") is not None:
+        before, after = g["memory_used_before_mib"], g["memory_used_after_mib"]
+        mem = f"; {before} -> {after} MiB (freed {g['freed_mib']})"
+    if g.get("clean") is None:
+        state = "not verified"
+    elif g["clean"]:
+        state = "clean"
+    else:
+        users = ", ".join(str(a["pid"]) for a in g.get("apps_after", [])) or "targets still alive"
+        state = f"NOT clean (compute apps left: {users})"
+    return f"GPU {g['index'] if g['index'] is not None else '?'} (minor {g['minor']}): {found}{mem}; {state}"
+
+
 def summarize(result: dict[str, Any]) -> list[str]:
-    lines = []
+    lines = unit_lines(result["units"], result["check_mode"]) if result["stop_units"] else []
+    lines.append(result["scope_description"])
     if result["gpu_verification"] == "skipped":
         lines.append(f"no NVIDIA driver on this host: GPU verification skipped ({result['gpu_verification_reason']})")
-    for g in result["gpus"]:
-        roles: dict[str, int] = {}
-        for h in g["holders"]:
-            roles[h["role"]] = roles.get(h["role"], 0) + 1
-        found = ", ".join(f"{n} {r}" for r, n in sorted(roles.items())) or "no holders"
-        mem = ""
-        if g.get("memory_used_before_mib") is not None:
-            before, after = g["memory_used_before_mib"], g["memory_used_after_mib"]
-            mem = f"; {before} -> {after} MiB (freed {g['freed_mib']})"
-        if g.get("clean") is None:
-            state = "not verified"
-        elif g["clean"]:
-            state = "clean"
-        else:
-            users = ", ".join(str(a["pid"]) for a in g.get("apps_after", [])) or "targets still alive"
-            state = f"NOT clean (compute apps left: {users})"
-        lines.append(f"GPU {g['index'] if g['index'] is not None else '?'} (minor {g['minor']}): {found}{mem}; {state}")
+    lines.extend(gpu_line(g) for g in result["gpus"])
     sig = result["signalled"]
-    lines.append(
-        f"targets {len(result['targets'])}: TERM {len(sig['TERM'])}, KILL {len(sig['KILL'])}"
-        + (" (check mode: nothing sent)" if result["check_mode"] else "")
-    )
+    if result["report_only"]:
+        lines.append(f"targets {len(result['targets'])} (report only: nothing sent)")
+    else:
+        lines.append(
+            f"targets {len(result['targets'])}: TERM {len(sig['TERM'])}, KILL {len(sig['KILL'])}"
+            + (" (check mode: nothing sent)" if result["check_mode"] else "")
+        )
     for s in result["spared"]:
         lines.append(f"spared {s['pid']} {s['cmd'][:60]}: {s['reason']}")
-    for f in result["foreign_holders"]:
-        lines.append(f"foreign GPU holder (not touched) {f['pid']} {f['cmd'][:60]} on GPUs {f['gpus']}")
+    for f in result["foreign"]:
+        on = f" on GPUs {f['gpus']}" if f.get("gpus") else ""
+        lines.append(f"foreign, not signalled: {f['pid']} {f['cmd'][:60]} ({f['user']}){on}: {f['reason']}")
     for a in result["unattributed_apps"]:
         lines.append(f"unattributed compute app pid {a['pid']} ({a['name']}) {a['used_mib']} MiB: PID not visible here")
     shm = result["shm"]
@@ -707,7 +1023,7 @@ def summarize(result: dict[str, Any]) -> list[str]:
     verb = "would remove" if result["check_mode"] else "removed"
     lines.append(
         f"/dev/shm: {verb} {len(removed)}, kept {len(shm['kept'])}"
-        + (f" ({shm['skipped']})" if shm.get("skipped") else "")
+        + (f" ({shm['skipped']})" if shm.get("skipped") else f" (entries of {', '.join(shm['owners']) or 'nobody'})")
     )
     lines.append(
         f"elapsed {result['elapsed_s']} s"
@@ -745,6 +1061,7 @@ def classify_holders(
     dev_dir: str,
     protected: list[str],
     apps_authoritative: bool,
+    foreign_by_pid: dict[int, dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """Add every GPU holder to its GPUs' ``holders`` with a role; returns the foreign compute holders.
 
@@ -778,7 +1095,12 @@ def classify_holders(
             spared.append({**proc.brief(), "reason": reason})
         else:
             role = "foreign"
-            foreign.append({**proc.brief(), "gpus": sorted(table[m]["index"] for m in held), "holds_uvm": uvm})
+            gpus = sorted(table[m]["index"] for m in held)
+            known = foreign_by_pid.setdefault(
+                proc.pid, foreign_entry(proc, "uses a GPU for compute; not an engine process of ours")
+            )
+            known["gpus"] = gpus
+            foreign.append({**proc.brief(), "gpus": gpus, "holds_uvm": uvm, "reason": known["reason"]})
         for m in held:
             used = app_mem.get(proc.pid, {}).get(m)
             table[m]["holders"].append({**proc.brief(), "role": role, "compute": compute, "used_mib": used})
@@ -810,12 +1132,18 @@ def verify_gpus(
 
 def failure(result: dict[str, Any], targets: dict[int, dict[str, Any]], left_on_gpu: set[int], params) -> str:
     stuck = [targets[p] for p in sorted(targets) if not targets[p]["exited"] or p in left_on_gpu]
-    if stuck and not result["check_mode"]:
+    if stuck and not result["check_mode"] and not result["report_only"]:
         names = "; ".join(f"PID {t['pid']} ({t['cmd'][:80]}) on GPUs {t['gpus']}" for t in stuck)
         return f"still running or holding GPU memory after {params['timeout_s']} s: {names}"
     if params["fail_on_foreign_holders"] and result["foreign_holders"]:
         names = "; ".join(f"PID {f['pid']} ({f['cmd'][:80]}) on GPUs {f['gpus']}" for f in result["foreign_holders"])
         return f"foreign processes use the GPUs (not signalled): {names}"
+    if params["fail_on_foreign_holders"] and result["unattributed_apps"]:
+        apps = result["unattributed_apps"]
+        names = "; ".join(f"PID {a['pid']} ({a['name']}) {a['used_mib']} MiB on GPU {a['gpu_index']}" for a in apps)
+        return f"processes this host's PID namespace cannot see use the GPUs: {names}"
+    if result["units_left"]:
+        return "engine units not stopped cleanly: " + "; ".join(result["units_left"])
     return ""
 
 
@@ -823,15 +1151,19 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     params = module.params
     clock = Clock()
     check_mode = module.check_mode
+    report_only = params["report_only"]
+    units = stop_units(module, params["units"] if params["stop_units"] else [], check_mode or report_only)
     gpu = Gpu(module, params["nvidia_smi"], params["driver_proc_dir"])
     procs = snapshot()
+    scope = Scope(params, procs)
     gpus_before, apps_before = gpu.first_look()
-    targets_reason, spared = select(params, module, procs)
+    targets_reason, spared, foreign_by_pid = select(params, module, procs, scope)
     table = gpu_table(gpus_before, procs, params["dev_dir"], params["gpus"])
     app_mem, unmapped = attribute_apps(apps_before, table, procs)
     targets: dict[int, dict[str, Any]] = {
         pid: {
             **procs[pid].brief(),
+            "user": user_name(procs[pid].uid),
             "reason": reason,
             "gpus": [],
             "signals": [],
@@ -849,14 +1181,15 @@ def release(module: AnsibleModule) -> dict[str, Any]:
         dev_dir=params["dev_dir"],
         protected=params["protected"] + params["extra_protected"],
         apps_authoritative=gpu.available and not unmapped,
+        foreign_by_pid=foreign_by_pid,
     )
 
     signalled: dict[str, list[int]] = {"TERM": [], "KILL": []}
     release_s = None
     left_on_gpu: set[int] = set()
-    if check_mode:
+    if check_mode and not report_only:
         signalled["TERM"] = sorted(targets)
-    elif targets:
+    elif targets and not report_only:
         exited, t_term = terminate({pid: procs[pid] for pid in targets}, params, signalled)
         if gpu.available:
             left_on_gpu = wait_for_gpu_release(
@@ -875,8 +1208,10 @@ def release(module: AnsibleModule) -> dict[str, Any]:
             t["exited"] = pid in exited
             t["exit_s"] = exited.get(pid)
 
-    shm = clean_shm(params, procs if check_mode else snapshot(), check_mode, set(targets))
-    if gpu.available and not check_mode:
+    quiet = check_mode or report_only or not targets
+    procs_after = procs if quiet else snapshot()
+    shm = clean_shm(params, procs_after, check_mode, set(targets), shm_owners(params, scope))
+    if gpu.available and not quiet:
         gpus_after, apps_after = gpu.query_gpus(), gpu.query_apps()
     else:
         gpus_after, apps_after = gpus_before, apps_before
@@ -886,21 +1221,38 @@ def release(module: AnsibleModule) -> dict[str, Any]:
         targets=targets,
         gpus_after=gpus_after,
         apps_after=apps_after,
-        check_mode=check_mode,
+        check_mode=check_mode or report_only,
     )
     listed_after = {a["pid"] for a in apps_after}
 
-    changed = signalled["TERM"] or signalled["KILL"] or shm["removed"] or (check_mode and shm["would_remove"])
+    changed = (
+        signalled["TERM"]
+        or signalled["KILL"]
+        or shm["removed"]
+        or (check_mode and shm["would_remove"])
+        or units["stopped"]
+        or units["disabled"]
+    )
     result: dict[str, Any] = {
-        "changed": bool(changed),
+        "changed": bool(changed) and not report_only,
         "check_mode": check_mode,
+        "report_only": report_only,
+        "scope": scope.name,
+        "scope_description": scope.describe(params["units"]),
+        "service_users": {"present": scope.users.present, "absent": scope.users.absent},
+        "stop_units": params["stop_units"],
+        "units": units,
+        "units_left": [] if check_mode or report_only else units_left(units, procs_after, scope.roots),
         "driver_loaded": gpu.driver_loaded,
+        "driver_version": next((g["driver_version"] for g in gpus_before if g.get("driver_version")), None),
+        "gpu_count": len(gpus_before),
         "gpu_verification": "done" if gpu.available else "skipped",
         "gpu_verification_reason": "" if gpu.available else gpu.reason,
         "gpus": sorted(table.values(), key=lambda e: (e["index"] is None, e["index"] or 0, e["minor"])),
         "targets": [targets[p] for p in sorted(targets)],
         "signalled": signalled,
         "spared": spared,
+        "foreign": [foreign_by_pid[p] for p in sorted(foreign_by_pid)],
         "foreign_holders": foreign,
         "unattributed_apps": [a for a in unmapped if a["pid"] in listed_after],
         "shm": shm,
@@ -909,6 +1261,8 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     }
     result["summary"] = summarize(result)
     msg = failure(result, targets, left_on_gpu, params)
+    if msg and report_only:
+        msg += ". Report only: nothing was stopped, signalled or removed."
     if msg:
         result["msg"] = msg
         result["summary"].append("FAILED: " + msg)

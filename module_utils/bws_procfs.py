@@ -34,6 +34,10 @@ class Proc:
     argv: list[str]
     fds: list[str] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)
+    # (hierarchy, path) per line of /proc/<pid>/cgroup; the hierarchy is "" for v2, else its controllers.
+    cgroup_entries: list[tuple[str, str]] = field(default_factory=list)
+    # The /proc/<pid>/ns/pid link ("pid:[4026531836]"); None where it cannot be read.
+    pidns: str | None = None
 
     @property
     def cmd(self) -> str:
@@ -85,19 +89,26 @@ def parse_uid(status_text: str) -> int | None:
     return None
 
 
-def parse_cgroup_file(text: str) -> list[str]:
-    """Cgroup paths from /proc/<pid>/cgroup: v1 (``4:memory:/x``, ``1:name=systemd:/x``), v2 (``0::/x``)."""
-    paths = []
+def parse_cgroup_entries(text: str) -> list[tuple[str, str]]:
+    """(hierarchy, path) from /proc/<pid>/cgroup: v1 (``4:memory:/x``, ``1:name=systemd:/x``), v2 (``0::/x``)."""
+    entries = []
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) == 3 and parts[2]:
-            paths.append(parts[2])
-    return paths
+            entries.append((parts[1], parts[2]))
+    return entries
 
 
-def cgroup_in_unit(path: str, unit: str) -> bool:
-    """True when a cgroup path is the unit's cgroup or below it (``/system.slice/sglang.service/payload``)."""
-    return unit in path.strip("/").split("/")
+def parse_cgroup_file(text: str) -> list[str]:
+    """Cgroup paths from /proc/<pid>/cgroup, every hierarchy."""
+    return [path for _, path in parse_cgroup_entries(text)]
+
+
+def read_link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 def read_fds(pid: int, proc_root: str = "/proc") -> list[str]:
@@ -140,6 +151,7 @@ def read_proc(pid: int, proc_root: str = "/proc", with_fds: bool = True) -> Proc
     raw = _read(f"{proc_root}/{pid}/cmdline", binary=True)
     comm = (_read(f"{proc_root}/{pid}/comm") or "").strip()
     status_text = _read(f"{proc_root}/{pid}/status") or ""
+    entries = parse_cgroup_entries(_read(f"{proc_root}/{pid}/cgroup") or "")
     return Proc(
         pid=pid,
         ppid=ppid,
@@ -149,7 +161,9 @@ def read_proc(pid: int, proc_root: str = "/proc", with_fds: bool = True) -> Proc
         comm=comm,
         argv=parse_cmdline(raw) if raw else [],
         fds=read_fds(pid, proc_root) if with_fds else [],
-        cgroups=parse_cgroup_file(_read(f"{proc_root}/{pid}/cgroup") or ""),
+        cgroups=[path for _, path in entries],
+        cgroup_entries=entries,
+        pidns=read_link(f"{proc_root}/{pid}/ns/pid"),
     )
 
 
@@ -289,3 +303,108 @@ def first_matching_pattern(argv: list[str], patterns: list[str]) -> str | None:
         if match_pattern(ident, pattern):
             return pattern
     return None
+
+
+# ---------------------------------------------------------------- where a process runs (cgroups)
+
+# Cgroup path components that mean "a container or pod": podman (cgroupfs and systemd managers), Docker,
+# Kubernetes, CRI-O, containerd, systemd-nspawn/machined, LXC.
+CONTAINER_COMPONENTS = (
+    "libpod-*",
+    "libpod_parent",
+    "docker",
+    "docker-*",
+    "docker.service",
+    "kubepods*",
+    "machine.slice",
+    "machine-*.scope",
+    "crio-*",
+    "cri-containerd-*",
+    "containerd",
+    "lxc.payload*",
+    "lxc.monitor*",
+)
+# Components that mean "a user's login session or their own service manager" (systemd's layout).
+SESSION_COMPONENTS = ("user.slice", "user-*.slice", "session-*.scope", "user@*.service")
+
+
+def _matches(component: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(component, p) for p in patterns)
+
+
+def _components(path: str) -> list[str]:
+    return [c for c in path.strip("/").split("/") if c]
+
+
+def own_cgroup_roots(entries: list[tuple[str, str]]) -> dict[str, str]:
+    """hierarchy -> this process's cgroup root: its own path up to its deepest container component, else "/".
+
+    On a host the root is "/"; inside a container that shares the host's cgroup namespace (cgroup v1, or
+    podman's cgroupfs manager) it is the container's own cgroup, such as ``/libpod_parent/libpod-<id>``,
+    so that the container's units read as they would on a host.
+    """
+    roots = {}
+    for hierarchy, path in entries:
+        parts = _components(path)
+        cut = 0
+        for i, component in enumerate(parts):
+            if _matches(component, CONTAINER_COMPONENTS):
+                cut = i + 1
+        roots[hierarchy] = "/" + "/".join(parts[:cut])
+    return roots
+
+
+def relative_cgroup(path: str, root: str) -> str | None:
+    """``path`` relative to ``root`` ("/..." form), or None when it lies outside it."""
+    if path.startswith("/..") or "/../" in path:
+        return None  # outside this cgroup namespace
+    parts, base = _components(path), _components(root)
+    if parts[: len(base)] != base:
+        return None
+    return "/" + "/".join(parts[len(base) :])
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a process runs, judged below a cgroup root: ``kind`` is system, session, container or outside."""
+
+    kind: str
+    path: str
+
+
+def placement(entries: list[tuple[str, str]], roots: dict[str, str]) -> Placement:
+    """The strongest of the process's cgroup paths: outside > container > session > system.
+
+    Every hierarchy counts, since on cgroup v1 a container may show only in some of them.
+    """
+    rank = {"system": 0, "session": 1, "container": 2, "outside": 3}
+    best = Placement("system", entries[0][1] if entries else "/")
+    for hierarchy, path in entries:
+        root = roots.get(hierarchy, "/")
+        rel = relative_cgroup(path, root)
+        if rel is None:
+            found = Placement("outside", path)
+        elif any(_matches(c, CONTAINER_COMPONENTS) for c in _components(rel)):
+            found = Placement("container", path)
+        elif any(_matches(c, SESSION_COMPONENTS) for c in _components(rel)):
+            found = Placement("session", path)
+        else:
+            found = Placement("system", path)
+        if rank[found.kind] > rank[best.kind]:
+            best = found
+    return best
+
+
+def in_system_unit(entries: list[tuple[str, str]], roots: dict[str, str], unit: str) -> bool:
+    """The unit is a component of a cgroup path below the root, outside containers and user sessions.
+
+    So ``/system.slice/sglang.service/payload`` is in ``sglang.service``, but a user's own
+    ``/user.slice/user-1000.slice/user@1000.service/app.slice/sglang.service`` is not.
+    """
+    if placement(entries, roots).kind != "system":
+        return False
+    for hierarchy, path in entries:
+        rel = relative_cgroup(path, roots.get(hierarchy, "/"))
+        if rel is not None and unit in _components(rel):
+            return True
+    return False

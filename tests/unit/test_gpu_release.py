@@ -100,9 +100,52 @@ def test_cgroup_v1_and_v2_lines():
         "/system.slice/vllm.service/payload",
         "/",
     ]
-    assert pf.cgroup_in_unit("/system.slice/vllm.service/payload", "vllm.service")
-    assert not pf.cgroup_in_unit("/system.slice/vllm.service-helper.service", "vllm.service")
-    assert not pf.cgroup_in_unit("/user.slice/user-0.slice/session-1.scope", "sglang.service")
+    root = {"": "/"}
+    assert pf.in_system_unit([("", "/system.slice/vllm.service/payload")], root, "vllm.service")
+    assert not pf.in_system_unit([("", "/system.slice/vllm.service-helper.service")], root, "vllm.service")
+    assert not pf.in_system_unit([("", "/user.slice/user-0.slice/session-1.scope")], root, "sglang.service")
+
+
+USER_UNIT = "/user.slice/user-1000.slice/user@1000.service/app.slice/sglang.service"
+
+
+@pytest.mark.parametrize(
+    ("own", "path", "kind"),
+    [
+        ("/", "/system.slice/sglang.service", "system"),
+        ("/", "/user.slice/user-1000.slice/session-4.scope", "session"),
+        ("/", USER_UNIT, "session"),
+        ("/", "/machine.slice/libpod-0a1b.scope/container", "container"),
+        ("/", "/libpod_parent/libpod-0a1b", "container"),
+        ("/", "/system.slice/docker-0a1b.scope", "container"),
+        ("/", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-2.scope", "container"),  # noqa: E501
+        ("/", "/../../system.slice/other.service", "outside"),
+        # the module inside a container that shares the host's cgroup namespace: its root is the container
+        ("/libpod_parent/libpod-0a1b/x.scope", "/libpod_parent/libpod-0a1b/system.slice/sglang.service", "system"),
+        ("/libpod_parent/libpod-0a1b", "/libpod_parent/libpod-0a1b/user.slice/user-0.slice/session-1.scope", "session"),
+        ("/libpod_parent/libpod-0a1b", "/libpod_parent/libpod-ffff/system.slice/sglang.service", "outside"),
+        ("/libpod_parent/libpod-0a1b", "/system.slice/sglang.service", "outside"),
+    ],
+)
+def test_placement_is_judged_below_the_modules_own_cgroup_root(own, path, kind):
+    roots = pf.own_cgroup_roots([("", own)])
+    assert pf.placement([("", path)], roots).kind == kind
+
+
+def test_own_cgroup_root_is_cut_at_the_deepest_container_component():
+    entries = [("", "/libpod_parent/libpod-0a1b/system.slice/ansible.scope"), ("name=systemd", "/user.slice/u.slice")]
+    assert pf.own_cgroup_roots(entries) == {"": "/libpod_parent/libpod-0a1b", "name=systemd": "/"}
+
+
+def test_a_user_level_unit_named_like_ours_is_not_our_unit():
+    roots = {"": "/"}
+    assert pf.in_system_unit([("", "/system.slice/sglang.service/payload")], roots, "sglang.service")
+    assert not pf.in_system_unit([("", USER_UNIT)], roots, "sglang.service")
+    in_container = "/machine.slice/libpod-1.scope/system.slice/sglang.service"
+    assert not pf.in_system_unit([("", in_container)], roots, "sglang.service")
+    # cgroup v1: a container shows in some hierarchies only; the strongest placement wins
+    v1 = [("name=systemd", "/system.slice/sglang.service"), ("memory", "/libpod_parent/libpod-9")]
+    assert not pf.in_system_unit(v1, {"name=systemd": "/", "memory": "/"}, "sglang.service")
 
 
 def test_unit_cgroup_pids_v2_and_v1_layouts(tmp_path):
@@ -118,17 +161,19 @@ def test_unit_cgroup_pids_v2_and_v1_layouts(tmp_path):
     assert pf.unit_cgroup_pids(str(tmp_path / "v1"), "") == set()
 
 
-def proc(pid, ppid, argv, *, fds=(), comm=None, cgroups=()):
+def proc(pid, ppid, argv, *, fds=(), comm=None, cgroups=(), uid=0, pidns="pid:[1]"):
     return pf.Proc(
         pid,
         ppid,
         1000 + pid,
         "S",
-        0,
+        uid,
         comm or os.path.basename(argv[0])[:15] if argv else "",
         list(argv),
         list(fds),
         list(cgroups),
+        [("", c) for c in cgroups],
+        pidns,
     )
 
 
@@ -160,6 +205,12 @@ def selection_params(**over):
     return params
 
 
+def scope_of(params, procs, pidns="pid:[1]"):
+    scope = gpu_release.Scope(params, procs)
+    scope.pidns, scope.roots = pidns, {"": "/"}
+    return scope
+
+
 def test_selection_spares_self_ancestors_and_protected(monkeypatch):
     me = os.getpid()
     procs = {
@@ -174,9 +225,9 @@ def test_selection_spares_self_ancestors_and_protected(monkeypatch):
         300: proc(300, 1, ["journalctl", "-u", "sglang.service"]),
         400: proc(400, 1, ["my-monitor"], comm="my-monitor"),
     }
-    targets, spared = gpu_release.select(
-        selection_params(units=["sglang.service"], extra_protected=["my-*"]), FakeModule(), procs
-    )
+    params = selection_params(units=["sglang.service"], extra_protected=["my-*"], service_users=["0"])
+    targets, spared, foreign = gpu_release.select(params, FakeModule(), procs, scope_of(params, procs))
+    assert foreign == {}
     assert set(targets) == {100, 101, 102, 200}
     assert targets[102] == "descendant of 101"
     assert "member of sglang.service" in targets[200]
@@ -187,8 +238,44 @@ def test_selection_spares_self_ancestors_and_protected(monkeypatch):
     assert reasons[103].startswith("protected daemon (nvidia-persistenced)")
 
 
+def test_scope_default_takes_service_users_outside_sessions_and_containers_and_names_the_rest():
+    daemon, nobody = 1, 65534
+    session = "/user.slice/user-1000.slice/session-7.scope"
+    procs = {
+        1: proc(1, 0, ["/sbin/init"]),
+        10: proc(10, 1, ["sglang::scheduler_TP0"], uid=daemon, cgroups=["/system.slice/stray.service"]),
+        11: proc(11, 10, ["python3", "tokenizer.py"], uid=daemon, cgroups=["/system.slice/stray.service"]),
+        20: proc(20, 1, ["sglang::scheduler_TP0"], uid=daemon, cgroups=[session]),
+        30: proc(30, 1, ["VLLM::EngineCore"], uid=nobody, cgroups=["/system.slice/other.service"]),
+        40: proc(40, 1, ["sglang::scheduler_TP0"], uid=daemon, cgroups=[USER_UNIT]),
+        50: proc(50, 1, ["sglang::scheduler_TP0"], uid=daemon, cgroups=["/libpod_parent/libpod-ab"], pidns="pid:[2]"),
+        60: proc(60, 1, ["vllm", "serve"], uid=daemon, cgroups=["/system.slice/docker-1.scope"]),
+        70: proc(70, 1, ["python3", "train.py"], uid=nobody, cgroups=["/system.slice/sglang.service"]),
+    }
+    params = selection_params(units=["sglang.service"], service_users=["daemon"])
+    targets, _, foreign = gpu_release.select(params, FakeModule(), procs, scope_of(params, procs))
+    assert set(targets) == {10, 11, 70}
+    assert targets[11] == "descendant of 10" and "member of sglang.service" in targets[70]
+    reasons = {pid: f["reason"] for pid, f in foreign.items()}
+    assert set(reasons) == {20, 30, 40, 50, 60}
+    assert "in a user session (/user.slice/user-1000.slice/session-7.scope)" in reasons[20]
+    assert "runs as nobody (uid 65534), not an engine service user (daemon)" in reasons[30]
+    assert "in a user session" in reasons[40]
+    assert "in another PID namespace (pid:[2])" in reasons[50]
+    assert "in a container or pod cgroup (/system.slice/docker-1.scope)" in reasons[60]
+
+    host = selection_params(units=["sglang.service"], service_users=["daemon"], scope="host")
+    targets, _, foreign = gpu_release.select(host, FakeModule(), procs, scope_of(host, procs))
+    assert set(targets) == {10, 11, 20, 30, 40, 70}
+    assert set(foreign) == {50, 60}
+
+
 def make_params(tmp_path, **over):
     return selection_params(shm_dir=str(tmp_path), **over)
+
+
+def owners(*names):
+    return gpu_release.resolve_users(list(names))
 
 
 def test_shm_removes_only_stale_engine_entries(tmp_path):
@@ -202,7 +289,7 @@ def test_shm_removes_only_stale_engine_entries(tmp_path):
     real_maps = pf.read_mapped_paths
     gpu_release.read_mapped_paths = lambda pid: {str(tmp_path / "psm_mapped")} if pid == 8 else real_maps(pid)
     try:
-        result = gpu_release.clean_shm(make_params(tmp_path), procs, False, set())
+        result = gpu_release.clean_shm(make_params(tmp_path), procs, False, set(), owners(str(os.geteuid())))
     finally:
         gpu_release.read_mapped_paths = real_maps
     removed = sorted(os.path.basename(p) for p in result["removed"])
@@ -221,17 +308,21 @@ def test_shm_owner_and_check_mode(tmp_path):
     (tmp_path / "psm_b").write_bytes(b"x")
     os.chown(tmp_path / "psm_b", 4321, 4321) if os.geteuid() == 0 else None
     procs = {9: proc(9, 1, ["sglang::x"], fds=[str(tmp_path / "psm_a")])}
-    result = gpu_release.clean_shm(make_params(tmp_path, shm_owner=str(os.geteuid())), procs, True, {9})
+    me = str(os.geteuid())
+    result = gpu_release.clean_shm(make_params(tmp_path), procs, True, {9}, owners(me))
     assert result["removed"] == []
     assert result["would_remove"] == [str(tmp_path / "psm_a")]  # held only by a target that would be gone
     if os.geteuid() == 0:
-        assert result["kept"] == [{"path": str(tmp_path / "psm_b"), "reason": f"owned by uid 4321, not {os.geteuid()}"}]
+        assert result["kept"] == [{"path": str(tmp_path / "psm_b"), "reason": f"owned by uid 4321, not by {me}"}]
     assert sorted(os.listdir(tmp_path)) == ["psm_a", "psm_b"]
 
 
-def test_unknown_shm_owner_is_a_clear_error():
-    with pytest.raises(gpu_release.ReleaseError, match="not a user"):
-        gpu_release.resolve_owner("no-such-user-xyz")
+def test_shm_owners_default_to_the_service_users_and_unknown_users_own_nothing():
+    params = selection_params(service_users=["daemon", "no-such-user-xyz"])
+    scope = scope_of(params, {})
+    assert gpu_release.shm_owners(params, scope).uids == {1}
+    assert scope.users.absent == ["no-such-user-xyz"]
+    assert gpu_release.shm_owners({**params, "shm_owner": ["nobody"]}, scope).uids == {65534}
 
 
 def test_gpu_table_maps_device_minor_not_index():
@@ -291,7 +382,7 @@ def run_main(args, capsys, check=True):
 
 
 def test_main_check_mode_reports_and_touches_nothing(tmp_path, capsys):
-    args = sim(tmp_path)
+    args = {**sim(tmp_path), "service_users": [str(os.geteuid())]}
     (tmp_path / "shm").mkdir()
     (tmp_path / "shm" / "psm_stale").write_bytes(b"x")
     dev = tmp_path / "dev"
@@ -330,7 +421,8 @@ def test_main_without_driver_says_verification_was_skipped(tmp_path, capsys):
     assert rc == 0
     assert out["gpu_verification"] == "skipped" and out["driver_loaded"] is False
     assert "couldn't communicate with the NVIDIA driver" in out["gpu_verification_reason"]
-    assert out["summary"][0].startswith("no NVIDIA driver on this host: GPU verification skipped")
+    assert out["summary"][0].startswith("scope default: targets are ")
+    assert out["summary"][1].startswith("no NVIDIA driver on this host: GPU verification skipped")
 
 
 def test_main_rejects_timeout_shorter_than_grace(tmp_path, capsys):
@@ -342,7 +434,7 @@ def test_main_fails_naming_pid_command_and_gpu_when_a_target_outlives_the_timeou
     # Signals are swallowed (send() is replaced), so the target stays: the module must say who and where.
     sent = []
     monkeypatch.setattr(gpu_release, "send", lambda proc, sig: sent.append((proc.pid, sig)) or True)
-    args = {**sim(tmp_path), "grace_s": 0.1, "timeout_s": 0.4, "settle_s": 0.1}
+    args = {**sim(tmp_path), "grace_s": 0.1, "timeout_s": 0.4, "settle_s": 0.1, "service_users": [str(os.geteuid())]}
     (tmp_path / "shm").mkdir()
     dev = tmp_path / "dev"
     code = (
