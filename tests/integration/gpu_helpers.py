@@ -128,6 +128,8 @@ class Sim:
             "gpu_release_driver_proc_dir": str(RTX8 / "proc-driver-nvidia"),
             "gpu_release_dev_dir": str(self.dev),
             "gpu_release_shm_dir": str(self.shm),
+            # the test's engine processes run as root, the user this test runs as
+            "gpu_release_service_users": ["root"],
             **more,
         }
 

@@ -124,7 +124,7 @@ def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_
 
     summary = results["Teardown | summary"]["msg"]
     assert summary[0].startswith("no systemd on this host") or summary[0].startswith("unit ")
-    assert any(line.startswith("foreign GPU holder (not touched)") and str(foreign) in line for line in summary)
+    assert any(line.startswith(f"foreign, not signalled: {foreign} ") and "on GPUs [6]" in line for line in summary)
     assert any(line.startswith("GPU 6 (minor 4)") and "NOT clean" in line for line in summary)
 
     # 3. again: nothing left to do
