@@ -7,6 +7,7 @@ The tests share the host and run in file order; each states the host it leaves b
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.engine_host import REPO, EngineHost, podman_available
+from tests.integration.engine_host import REPO, EngineHost, podman, podman_available
 
 pytestmark = [
     pytest.mark.container,
@@ -165,6 +166,52 @@ def test_port_taken_by_a_stranger_is_named_and_the_stranger_lives(host, runs):
         host.sh("pkill -f 'http.server 31000' || true", check=False)
 
 
+GPU_DOUBLE = "/tmp/bws-gpu-double"  # the NVIDIA-SMI TEST DOUBLE and stand-in device files on the test host
+
+
+def install_gpu_double(host: EngineHost, tmp_path: Path) -> dict:
+    """The 8-GPU simulator on the host (stand-in /dev/nvidia*, driver /proc fixture); the gpu_release_* vars."""
+    from tests.integration.gpu_helpers import DOUBLES, RTX8, Sim
+
+    gpus = Sim(tmp_path / "sim").gpus
+    config = tmp_path / "sim.json"
+    config.write_text(json.dumps({"dev_dir": f"{GPU_DOUBLE}/dev", "driver_version": "580.105.08", "gpus": gpus}))
+    wrapper = tmp_path / "nvidia-smi"
+    double = f"{GPU_DOUBLE}/nvidia_smi_double.py --config {GPU_DOUBLE}/sim.json"
+    wrapper.write_text(f'#!/bin/sh\nexec python3 {double} "$@"\n')
+    wrapper.chmod(0o755)
+    host.sh(f"rm -rf {GPU_DOUBLE}; mkdir -p {GPU_DOUBLE}/dev && cd {GPU_DOUBLE}/dev && "
+            "touch nvidia0 nvidia1 nvidia2 nvidia3 nvidia4 nvidia5 nvidia6 nvidia7 nvidiactl nvidia-uvm")  # fmt: skip
+    for source, dest in [(DOUBLES / "nvidia_smi_double.py", "nvidia_smi_double.py"), (config, "sim.json"),
+                         (wrapper, "nvidia-smi"), (RTX8 / "proc-driver-nvidia", "proc-driver-nvidia")]:  # fmt: skip
+        subprocess.run(["podman", "cp", str(source), f"{host.name}:{GPU_DOUBLE}/{dest}"], check=True)
+    return {
+        "gpu_release_nvidia_smi": f"{GPU_DOUBLE}/nvidia-smi",
+        "gpu_release_driver_proc_dir": f"{GPU_DOUBLE}/proc-driver-nvidia",
+        "gpu_release_dev_dir": f"{GPU_DOUBLE}/dev",
+    }
+
+
+def test_a_foreign_gpu_holder_on_a_needed_gpu_fails_the_deploy_before_the_switch(host, runs, tmp_path):
+    gpu_vars = install_gpu_double(host, tmp_path)
+    # A stranger's CUDA process on GPU 0 (device minor 2 on the constructed host), 4 GiB, as root.
+    holder = f"import time; f=[open('{GPU_DOUBLE}/dev/nvidia2'), open('{GPU_DOUBLE}/dev/nvidia-uvm')]; time.sleep(600)"
+    podman("exec", "-d", "-e", "NVSIM_MEM_MIB=2:4096", host.name, "python3", "-c", holder)
+    try:
+        stranger = host.sh(f"for i in $(seq 50); do pgrep -f '{GPU_DOUBLE}/dev/nvidia2' && exit 0; sleep 0.1; done")
+        assert host.sh(f"{GPU_DOUBLE}/nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits") == stranger
+        pid = main_pid(host)
+        run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-tiny", **gpu_vars)
+        assert run.status == "failed"
+        assert f"foreign processes use the GPUs (not signalled): PID {stranger} (python3 -c import time" in run.stdout
+        assert "on GPUs [0]" in run.stdout and "nothing was stopped, signalled or removed" in run.stdout
+        assert "Activate |" not in run.stdout
+        assert main_pid(host) == pid and host.health() == 200
+        assert host.sh(f"kill -0 {stranger} && echo alive") == "alive"
+    finally:
+        host.sh(f"pkill -f '{GPU_DOUBLE}/dev/nvidia2' || true", check=False)
+
+
 def test_missing_engine_binary_is_caught_before_the_switch(host, runs):
     pid = main_pid(host)
     run = deploy(host, runs, "deploy_sglang.yml", sglang_executable="/opt/sglang/venv/bin/sglang-missing")
@@ -306,12 +353,37 @@ def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact(host, runs):
     assert unauthenticated == "401"
 
 
+HANDMADE_SESSION = "user.slice/user-1000.slice/session-99.scope"
+
+
+def start_in_handmade_session(host: EngineHost, title: str) -> str:
+    """An engine-titled process of the sglang user in a hand-made login-session cgroup; its PID."""
+    script = (
+        "P=$(sed -n 's/^[0-9]*:name=systemd://p' /proc/self/cgroup); B=/sys/fs/cgroup/systemd; "
+        '[ -d "$B$P" ] && B="$B$P"; '
+        f'D="$B/{HANDMADE_SESSION}"; mkdir -p "$D" && echo $$ > "$D/cgroup.procs" && '
+        "exec setpriv --reuid=sglang --regid=sglang --init-groups python3 -c "
+        f"\"import os; os.execv('/usr/bin/python3', ['{title}', '-c', 'import time; time.sleep(600)'])\""
+    )
+    podman("exec", "-d", host.name, "sh", "-c", script)
+    return host.sh(f"for i in $(seq 50); do pgrep -f '^{title}' && exit 0; sleep 0.1; done")
+
+
 def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, runs):
+    engine_pids = host.sh("pgrep -u sglang -d ' ' .")
+    assert engine_pids, "the engine serves before the teardown"
+    session = start_in_handmade_session(host, "sglang::handmade_TP0")
     run = host.run_playbook("playbooks/teardown.yml")
     assert run.status == "successful", run.stdout[-3000:]
     for unit in ("sglang.service", "vllm.service"):
         assert host.unit(unit)["ActiveState"] == "inactive"
         assert host.unit(unit)["UnitFileState"] == "disabled"
+    # the unit's processes are gone; the hand-made session's engine look-alike lives and is named
+    assert host.sh(f"pgrep -u sglang -d ' ' . | tr ' ' '\\n' | grep -vx {session} || true") == ""
+    assert host.sh(f"kill -0 {session} && echo alive") == "alive"
+    assert f"foreign, not signalled: {session} sglang::handmade_TP0" in run.stdout
+    assert "in a user session (" in run.stdout and HANDMADE_SESSION in run.stdout
+    host.sh(f"kill {session}")
     again = host.run_playbook("playbooks/teardown.yml")
     assert again.status == "successful"
     assert again.count("changed", host.name) == 0, again.stdout[-3000:]

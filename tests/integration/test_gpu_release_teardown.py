@@ -34,6 +34,9 @@ def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_
     shm = sim.shm
     for name in ["nccl-stale1", "psm_open", "sem.mp-mapped", "torch_1_2_3", "psm_engine", "unrelated-file"]:
         (shm / name).write_bytes(b"\0" * 4096)
+    # another user's idle PyTorch entry: no process holds it, it matches torch_*, and it is not ours
+    (shm / "torch_9_9_9").write_bytes(b"\0" * 4096)
+    os.chown(shm / "torch_9_9_9", 65534, 65534)
 
     # Engine processes
     (tp0,) = sim.spawn(
@@ -79,7 +82,7 @@ def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_
     assert set(res["signalled"]["TERM"]) == set(engines)
     assert all(alive(p) for p in engines + bystanders)
     assert sorted(os.listdir(shm)) == sorted(
-        ["nccl-stale1", "psm_open", "sem.mp-mapped", "torch_1_2_3", "psm_engine", "unrelated-file"]
+        ["nccl-stale1", "psm_open", "sem.mp-mapped", "torch_1_2_3", "psm_engine", "unrelated-file", "torch_9_9_9"]
     )
     assert sorted(os.path.basename(p) for p in res["shm"]["would_remove"]) == [
         "nccl-stale1",
@@ -115,11 +118,12 @@ def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_
     assert spared[persistenced].startswith("protected daemon (nvidia-persistenced)")
     assert spared[monitor].startswith("NVML-only GPU holder")
 
-    assert sorted(os.listdir(shm)) == ["psm_open", "sem.mp-mapped", "unrelated-file"]
+    assert sorted(os.listdir(shm)) == ["psm_open", "sem.mp-mapped", "torch_9_9_9", "unrelated-file"]
     kept = {os.path.basename(k["path"]): k["reason"] for k in res["shm"]["kept"]}
     assert kept == {
         "psm_open": f"open or mapped by PIDs {foreign}",
         "sem.mp-mapped": f"open or mapped by PIDs {mapper}",
+        "torch_9_9_9": "owned by nobody (uid 65534), not by root",
     }
 
     summary = results["Teardown | summary"]["msg"]
