@@ -325,6 +325,7 @@ from ansible.module_utils.bws_nvidia import (
     gpus_from_csv,
     read_driver_gpus,
     resolve_nvidia_smi,
+    run_queries_together,
     run_query,
 )
 from ansible.module_utils.bws_procfs import (
@@ -443,11 +444,17 @@ class Gpu:
     def query_apps(self) -> list[dict[str, Any]]:
         return apps_from_csv(run_query(self.tool or "", QUERY_APPS_ARGS, self._run))
 
+    def query_both(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        gpu_csv, apps_csv = run_queries_together(self.tool or "", [QUERY_GPU_ARGS, QUERY_APPS_ARGS])
+        gpus = gpus_from_csv(gpu_csv)
+        attach_minors(gpus, self.driver_gpus)
+        return gpus, apps_from_csv(apps_csv)
+
     def first_look(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if not self.available:
             return [], []
         try:
-            return self.query_gpus(), self.query_apps()
+            return self.query_both()
         except NvidiaError as exc:
             if exc.kind in ("no_driver", "missing_tool"):
                 self.reason = str(exc)
@@ -1212,7 +1219,7 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     procs_after = procs if quiet else snapshot()
     shm = clean_shm(params, procs_after, check_mode, set(targets), shm_owners(params, scope))
     if gpu.available and not quiet:
-        gpus_after, apps_after = gpu.query_gpus(), gpu.query_apps()
+        gpus_after, apps_after = gpu.query_both()
     else:
         gpus_after, apps_after = gpus_before, apps_before
     verify_gpus(

@@ -167,7 +167,9 @@ def test_release_keeps_live_rank_entries_and_removes_what_a_killed_job_left(tmp_
         assert "nccl-bws-stale" not in use
 
         # 1. The job is alive: a release that targets no process keeps what it holds.
-        live = run_module(capsys, patterns=[], units=[], nvidia_smi=str(tmp_path / "no-nvidia-smi"))
+        live = run_module(
+            capsys, patterns=[], units=[], nvidia_smi=str(tmp_path / "no-nvidia-smi"), service_users=["root"]
+        )
         kept = kept_by(live)
         for r in ranks:
             assert kept[r["psm"]] == f"open or mapped by PIDs {r['pid']}", kept
@@ -197,6 +199,7 @@ def test_release_keeps_live_rank_entries_and_removes_what_a_killed_job_left(tmp_
                 "gpu_release_nvidia_smi": str(tmp_path / "no-nvidia-smi"),
                 "gpu_release_grace_s": 2,
                 "gpu_release_timeout_s": 20,
+                "gpu_release_service_users": ["root"],  # the job runs as root here, standing for the engine user
             },
         )
         res = teardown["release"]

@@ -73,7 +73,8 @@ class Backend:
         return {"nvml": True}, {}
 
     def extravars(self, **more: Any) -> dict[str, Any]:
-        return {"gpu_release_shm_dir": str(self.shm), **more}
+        # the holders run as root here: root stands for the engines' service user
+        return {"gpu_release_shm_dir": str(self.shm), "gpu_release_service_users": ["root"], **more}
 
     def snapshot(self) -> dict[str, Any]:
         gpus, apps = nv.query(self.nvidia_smi)

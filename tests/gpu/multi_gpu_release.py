@@ -312,7 +312,11 @@ class Rep:
         return row
 
     def release_with_module(self, job: Job, baseline: dict[str, Any]) -> dict[str, Any]:
-        extravars: dict[str, Any] = {"gpu_release_grace_s": self.args.grace, "gpu_release_timeout_s": 120}
+        extravars: dict[str, Any] = {
+            "gpu_release_grace_s": self.args.grace,
+            "gpu_release_timeout_s": 120,
+            "gpu_release_service_users": ["root"],  # the ranks run as root here, standing for the engine user
+        }
         if self.gpu_mode:
             extravars["gpu_release_gpus"] = [g["uuid"] for g in self.gpus]
         else:

@@ -198,7 +198,8 @@ def test_a_foreign_gpu_holder_on_a_needed_gpu_fails_the_deploy_before_the_switch
     holder = f"import time; f=[open('{GPU_DOUBLE}/dev/nvidia2'), open('{GPU_DOUBLE}/dev/nvidia-uvm')]; time.sleep(600)"
     podman("exec", "-d", "-e", "NVSIM_MEM_MIB=2:4096", host.name, "python3", "-c", holder)
     try:
-        stranger = host.sh(f"for i in $(seq 50); do pgrep -f '{GPU_DOUBLE}/dev/nvidia2' && exit 0; sleep 0.1; done")
+        find = "pgrep -f '[/]tmp/bws-gpu-double/dev/nvidia2'"  # [/]: never matches the shell running pgrep
+        stranger = host.sh(f"for i in $(seq 50); do {find} && exit 0; sleep 0.1; done")
         assert host.sh(f"{GPU_DOUBLE}/nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits") == stranger
         pid = main_pid(host)
         run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-tiny", **gpu_vars)
