@@ -9,9 +9,11 @@ What a user waits for is the whole command, so both are timed from exec to exit,
   rm -f <shm>/*; sleep 2; nvidia-smi | head -2`` (its ``kill -9`` of every python3 and of every ``fuser
   /dev/nvidia*`` holder is narrowed to this script's own engine PIDs, so that it kills nothing else).
 
-Scenarios: ``clean`` (no engine processes) and ``engines`` (two engine processes titled
-``sglang::scheduler_TP0/1`` that exit on SIGTERM, 2 GiB of GPU memory each). An NVML-only monitor and a
-foreign CUDA process run throughout: neither may be signalled, and the foreign one must be named.
+The same run also times an empty play (no task) on the same inventory: what ``ansible-playbook`` itself
+costs on the machine, beside what teardown.yml adds. Scenarios: ``clean`` (no engine processes) and
+``engines`` (two engine processes titled ``sglang::scheduler_TP0/1`` that exit on SIGTERM, 2 GiB of GPU
+memory each). An NVML-only monitor and a foreign CUDA process run throughout: neither may be signalled, and
+the foreign one must be named.
 
 Everything runs in a private PID namespace (the script re-executes itself under ``unshare --pid --fork
 --mount-proc``), so it can only signal processes it started; /dev/shm is a temporary directory. Needs root.
@@ -66,8 +68,8 @@ def write_inventory(work: Path) -> Path:
     return inventory
 
 
-def run_teardown(inventory: Path, extravars: Path) -> dict[str, Any]:
-    argv = [ansible_playbook(), "-i", str(inventory), "playbooks/teardown.yml", "-e", f"@{extravars}"]
+def run_teardown(inventory: Path, extravars: Path, playbook: str = "playbooks/teardown.yml") -> dict[str, Any]:
+    argv = [ansible_playbook(), "-i", str(inventory), playbook, "-e", f"@{extravars}"]
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -81,6 +83,13 @@ def run_teardown(inventory: Path, extravars: Path) -> dict[str, Any]:
         "changed": int(changed.group(1)) if changed else None,
         "foreign_named": re.findall(r"foreign, not signalled: (\d+) ", proc.stdout),
     }
+
+
+def write_empty_play(work: Path) -> str:
+    """A play with no task on the same hosts: what ansible-playbook itself costs on this machine."""
+    play = work / "empty.yml"
+    play.write_text("- name: Empty play\n  hosts: gpu_servers\n  gather_facts: false\n  tasks: []\n")
+    return str(play)
 
 
 def run_one_liner(be, pids: list[int]) -> dict[str, Any]:
@@ -124,6 +133,7 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "one_liner_s": old_wall,
                 "ratio_to_one_liner": round(wall / old_wall, 3) if wall and old_wall else None,
                 "target_s": TARGETS_S[scenario],
+                "empty_play_s": median([r for r in rows if r["command"] == "empty play"], "wall_s"),
             }
         )
     return table
@@ -131,12 +141,31 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_table(backend_name: str, reps: int, table: list[dict[str, Any]], checks: dict[str, bool]) -> None:
     print(f"\nbackend: {backend_name}; {reps} repetitions; whole commands, wall clock (median)")
-    print(f"{'scenario':<10}{'teardown.yml s':>16}{'(module s)':>12}{'one-liner s':>13}{'ratio':>8}")
+    print(f"{'scenario':<10}{'teardown.yml s':>16}{'(module s)':>12}{'one-liner s':>13}{'ratio':>8}"
+          f"{'empty play s':>14}")  # fmt: skip
     for row in table:
         print(f"{row['scenario']:<10}{row['teardown_yml_s']:>16}{row['module_s']!s:>12}{row['one_liner_s']:>13}"
-              f"{row['ratio_to_one_liner']!s:>8}")  # fmt: skip
+              f"{row['ratio_to_one_liner']!s:>8}{row['empty_play_s']!s:>14}")  # fmt: skip
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
+
+
+def one_repetition(be, rep: int, *, inventory: Path, extravars: Path, empty: str, bystanders: list[int]) -> list[dict]:
+    from gpu_real import alive
+
+    rows = [{"rep": rep, "scenario": "clean", "command": "empty play", **run_teardown(inventory, extravars, empty)}]
+    rows.append({"rep": rep, "scenario": "clean", "command": "teardown.yml", **run_teardown(inventory, extravars)})
+    pids = start_engines(be)
+    rows.append({"rep": rep, "scenario": "engines", "command": "teardown.yml", **run_teardown(inventory, extravars)})
+    be.reap()
+    assert not any(alive(p) for p in pids), "an engine process survived teardown.yml"
+    rows.append({"rep": rep, "scenario": "clean", "command": "one-liner", **run_one_liner(be, [])})
+    pids = start_engines(be)
+    rows.append({"rep": rep, "scenario": "engines", "command": "one-liner", **run_one_liner(be, pids)})
+    be.reap()
+    assert all(alive(p) for p in bystanders), "a bystander was killed"
+    print(" ".join(f"{r['scenario']}/{r['command']} {r['wall_s']} s" for r in rows), flush=True)
+    return rows
 
 
 def main() -> int:
@@ -149,7 +178,7 @@ def main() -> int:
         os.environ["BWS_GPU_DRYRUN"] = "1"
     reexec_in_pid_namespace()
     sys.path.insert(0, str(REPO / "tests" / "gpu"))
-    from gpu_real import alive, backend, gpu_unavailable_reason, write_json
+    from gpu_real import backend, gpu_unavailable_reason, write_json
 
     reason = gpu_unavailable_reason()
     if reason:
@@ -173,20 +202,11 @@ def main() -> int:
         )
         bystanders = [fixed["monitor"][0], fixed["foreign"][0]]
         run_teardown(inventory, extravars)  # warm the page cache: every repetition then starts alike
+        empty = write_empty_play(work)
         for rep in range(args.reps):
-            row = {"rep": rep, "scenario": "clean", "command": "teardown.yml", **run_teardown(inventory, extravars)}
-            rows.append(row)
-            pids = start_engines(be)
-            row = {"rep": rep, "scenario": "engines", "command": "teardown.yml", **run_teardown(inventory, extravars)}
-            be.reap()
-            assert not any(alive(p) for p in pids), "an engine process survived teardown.yml"
-            rows.append(row)
-            rows.append({"rep": rep, "scenario": "clean", "command": "one-liner", **run_one_liner(be, [])})
-            pids = start_engines(be)
-            rows.append({"rep": rep, "scenario": "engines", "command": "one-liner", **run_one_liner(be, pids)})
-            be.reap()
-            assert all(alive(p) for p in bystanders), "a bystander was killed"
-            print(" ".join(f"{r['scenario']}/{r['command']} {r['wall_s']} s" for r in rows[-4:]), flush=True)
+            rows.extend(
+                one_repetition(be, rep, inventory=inventory, extravars=extravars, empty=empty, bystanders=bystanders)
+            )
     finally:
         be.stop_all()
 

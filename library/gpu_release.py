@@ -590,19 +590,28 @@ def _read_text(path: str) -> str:
         return ""
 
 
+def control_group(module: AnsibleModule, unit: str, known: dict[str, Any]) -> str:
+    """The unit's ControlGroup, from the unit states read already (O(stop_units)) or from systemctl."""
+    if unit in known:
+        return known[unit].get("ControlGroup", "")
+    systemctl = shutil.which("systemctl")
+    if not systemctl:
+        return ""
+    rc, out, _ = module.run_command([systemctl, "show", "--property=ControlGroup", "--value", unit])
+    return out.strip() if rc == 0 else ""
+
+
 def unit_members(
-    module: AnsibleModule, units: list[str], procs: dict[int, Proc], cgroup_root: str, roots: dict[str, str]
+    module: AnsibleModule, params: dict[str, Any], procs: dict[int, Proc], roots: dict[str, str], known: dict
 ) -> dict[int, str]:
     """Members of the units' cgroups: systemd's own ControlGroup, and every process whose cgroup path
     below the root names the unit outside user sessions and containers."""
     members: dict[int, str] = {}
-    systemctl = shutil.which("systemctl")
-    for unit in units:
-        if systemctl:
-            rc, out, _ = module.run_command([systemctl, "show", "--property=ControlGroup", "--value", unit])
-            if rc == 0 and out.strip():
-                for pid in unit_cgroup_pids(cgroup_root, out.strip()):
-                    members.setdefault(pid, f"member of {unit} cgroup")
+    for unit in params["units"]:
+        path = control_group(module, unit, known)
+        if path:
+            for pid in unit_cgroup_pids(params["cgroup_root"], path):
+                members.setdefault(pid, f"member of {unit} cgroup")
         for proc in procs.values():
             if in_system_unit(proc.cgroup_entries, roots, unit):
                 members.setdefault(proc.pid, f"member of {unit} cgroup")
@@ -625,7 +634,7 @@ def never_reason(proc: Proc, never: set[int], protected: list[str]) -> str | Non
 
 
 def select(
-    params: dict[str, Any], module: AnsibleModule, procs: dict[int, Proc], scope: Scope
+    params: dict[str, Any], module: AnsibleModule, procs: dict[int, Proc], scope: Scope, known_units: dict | None = None
 ) -> tuple[dict[int, str], list[dict], dict[int, dict]]:
     """(target pid -> reason, spared [{pid, cmd, reason}], foreign pid -> {pid, cmd, user, reason}).
 
@@ -637,7 +646,7 @@ def select(
     protected = list(params["protected"]) + list(params["extra_protected"])
     candidates: dict[int, str] = {}
     foreign: dict[int, dict] = {}
-    for pid, reason in unit_members(module, params["units"], procs, params["cgroup_root"], scope.roots).items():
+    for pid, reason in unit_members(module, params, procs, scope.roots, known_units or {}).items():
         if pid in procs:
             candidates[pid] = reason
     for proc in procs.values():
@@ -670,7 +679,7 @@ def select(
 
 # ---------------------------------------------------------------- systemd units
 
-UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,Result,UnitFileState"
+UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,Result,UnitFileState,ControlGroup"
 ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
 
 
@@ -1164,7 +1173,7 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     procs = snapshot()
     scope = Scope(params, procs)
     gpus_before, apps_before = gpu.first_look()
-    targets_reason, spared, foreign_by_pid = select(params, module, procs, scope)
+    targets_reason, spared, foreign_by_pid = select(params, module, procs, scope, units["units"])
     table = gpu_table(gpus_before, procs, params["dev_dir"], params["gpus"])
     app_mem, unmapped = attribute_apps(apps_before, table, procs)
     targets: dict[int, dict[str, Any]] = {

@@ -478,3 +478,61 @@ def test_is_alive_counts_a_zombie_leader_with_exiting_threads_as_alive(tmp_path)
     assert not pf.is_alive(30, 777, str(tmp_path))
     assert not pf.is_alive(10, 778, str(tmp_path))  # same PID, another process: never ours
     assert not pf.is_alive(40, 777, str(tmp_path))
+
+
+class SystemctlDouble:
+    """Answers the systemctl calls of stop_units() the way systemctl prints them; records what was run."""
+
+    check_mode = False
+
+    def __init__(self, states: dict[str, dict[str, str]]) -> None:
+        self.states = states
+        self.calls: list[list[str]] = []
+
+    def run_command(self, argv):
+        self.calls.append(argv[1:])
+        verb, units = argv[1], [a for a in argv[2:] if not a.startswith("--")]
+        if verb == "show":
+            blocks = ["\n".join(f"{k}={v}" for k, v in {"Id": u, **self.states[u]}.items()) for u in units]
+            return 0, "\n\n".join(blocks) + "\n", ""
+        for unit in units:
+            if verb == "stop":
+                self.states[unit].update(ActiveState="failed", Result="timeout", ControlGroup="")
+            elif verb == "disable":
+                self.states[unit]["UnitFileState"] = "disabled"
+            elif verb == "reset-failed":
+                self.states[unit].update(ActiveState="inactive")
+        return 0, "", ""
+
+
+def test_stop_units_stops_disables_and_says_a_stop_ended_in_sigkill(monkeypatch):
+    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
+    loaded = {"LoadState": "loaded", "SubState": "running", "ControlGroup": "/system.slice/sglang.service"}
+    double = SystemctlDouble(
+        {
+            "sglang.service": {**loaded, "ActiveState": "active", "Result": "success", "UnitFileState": "enabled"},
+            "vllm.service": {"LoadState": "not-found", "ActiveState": "inactive", "UnitFileState": "", "Result": ""},
+        }
+    )
+    units = gpu_release.stop_units(double, ["sglang.service", "vllm.service"], check_mode=False)
+    assert [c[0] for c in double.calls] == ["show", "stop", "disable", "show", "reset-failed"]
+    assert units["stopped"] == ["sglang.service"] and units["reset_failed"] == ["sglang.service"]
+    lines = gpu_release.unit_lines(units, check_mode=False)
+    assert lines == [
+        "unit sglang.service: failed, disabled, last result timeout (the stop ran into TimeoutStopSec and ended"
+        " in SIGKILL); failed state cleared",
+        "unit vllm.service: not installed",
+    ]
+    again = gpu_release.stop_units(double, ["sglang.service", "vllm.service"], check_mode=False)
+    assert again["stopped"] == [] and again["disabled"] == []  # a clean host: one show, nothing else
+
+
+def test_stop_units_in_check_mode_only_reads(monkeypatch):
+    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
+    double = SystemctlDouble(
+        {"sglang.service": {"LoadState": "loaded", "ActiveState": "active", "Result": "success",
+                            "UnitFileState": "enabled", "ControlGroup": "/system.slice/sglang.service"}}
+    )  # fmt: skip
+    units = gpu_release.stop_units(double, ["sglang.service"], check_mode=True)
+    assert [c[0] for c in double.calls] == ["show"]
+    assert gpu_release.unit_lines(units, check_mode=True)[-1] == "check mode: would stop/disable sglang.service"
