@@ -114,10 +114,12 @@ def run_fetch_playbook(
 ) -> PlaybookRun:
     """Run playbooks/fetch_models.yml on localhost with a temporary inventory holding profiles."""
     inventory = workdir / "inventory.yml"
+    # Every profile passes the one profile schema (roles/input_check), which also asks for the serving keys.
+    serving = {"tensor_parallel_size": 1, "port": 30000}
     group_vars = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
-        "engine_profiles": profiles,
+        "engine_profiles": {name: {"served_model_name": name, **serving, **p} for name, p in profiles.items()},
         "model_store_reserve_bytes": 0,
         "model_store_retry_delay_s": 0.0,
         "model_store_install_tools": False,

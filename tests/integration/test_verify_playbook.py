@@ -190,7 +190,11 @@ def _wait_healthy(double: EngineDouble) -> None:
 
 
 def _host(double: EngineDouble, tokenizer: Path, report_root: Path, **extra: object) -> dict:
-    speculative = {"num_steps": double.num_steps} if double.speculative else None
+    speculative = (
+        {"algorithm": "EAGLE3", "num_steps": double.num_steps, "eagle_topk": 1, "num_draft_tokens": double.num_steps + 1}
+        if double.speculative
+        else None
+    )
     command = [sys.executable, str(BENCH_DOUBLE)] + (["bench", "serve"] if double.flavour == "vllm" else [])
     return {
         "engine": double.flavour,
@@ -199,7 +203,9 @@ def _host(double: EngineDouble, tokenizer: Path, report_root: Path, **extra: obj
             "p": {
                 "port": double.port,
                 "served_model_name": double.served_name,
+                "tensor_parallel_size": 1,
                 "model": {"path": str(tokenizer)},
+                "drafter": {"path": str(tokenizer)} if speculative else None,
                 "speculative": speculative,
             }
         },

@@ -1,0 +1,239 @@
+"""The one input check (action_plugins/input_check.py) against the repository's real argument specs and profiles.
+
+The playbook-level proof that it runs before any task on the host is tests/integration/test_input_check_playbooks.py;
+the MainPID proof on a serving host is in tests/integration/test_engine_lifecycle.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
+
+
+def _load_plugin():
+    name = "bws_input_check_plugin"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "action_plugins" / "input_check.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+ic = _load_plugin()
+CATALOG = ic.load_catalog(ROLES)
+ROLE_NAMES = sorted(p.name for p in ROLES.iterdir() if (p / "meta" / "argument_specs.yml").is_file())
+PROFILES = {
+    inventory: yaml.safe_load((REPO / "inventory" / inventory / "group_vars" / "all" / "models.yml").read_text())[
+        "engine_profiles"
+    ]
+    for inventory in ("production", "sandbox")
+}
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+# --- unknown variables --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", [r for r in ROLE_NAMES if r != "input_check"])
+def test_a_bogus_variable_of_every_role_is_refused_naming_it(role: str) -> None:
+    messages = ic.unknown_variables([f"{role}_bogus"], CATALOG)
+    assert messages == [f"unknown variable {role}_bogus: not an option of role {role}"] or (
+        len(messages) == 1 and messages[0].startswith(f"unknown variable {role}_bogus: not an option of role {role}")
+    )
+
+
+def test_a_misspelled_option_names_the_closest_known_one() -> None:
+    assert ic.unknown_variables(["sglang_api_kye", "nvidia_driver_brnach"], CATALOG) == [
+        "unknown variable nvidia_driver_brnach: not an option of role nvidia_driver (did you mean nvidia_driver_branch?)",
+        "unknown variable sglang_api_kye: not an option of role sglang (did you mean sglang_api_key?)",
+    ]
+
+
+def test_unprefixed_playbook_inputs_are_known_and_their_typos_are_not() -> None:
+    inputs = ["engine", "engine_profile", "engine_profiles", "engine_units", "deploy_batch_size",
+              "deploy_max_fail_percentage", "model_store_hosts"]
+    assert ic.unknown_variables(inputs, CATALOG) == []
+    assert ic.unknown_variables(["engine_profil", "deploy_batch_sise", "engine_unit"], CATALOG) == [
+        "unknown variable deploy_batch_sise: not a playbook input (did you mean deploy_batch_size?)",
+        "unknown variable engine_profil: not a playbook input (did you mean engine_profile?)",
+        "unknown variable engine_unit: not a playbook input (did you mean engine_units?)",
+    ]
+
+
+def test_facts_the_roles_set_and_names_outside_our_namespaces_pass() -> None:
+    names = ["cuda_toolkit_home", "nvidia_driver_status", "verify_result", "gpu_release_result", "python_env_uv",
+             "input_check_result", "ansible_host", "__sglang_flags", "sandbox_test_double_source", "inventory_dir"]
+    assert ic.unknown_variables(names, CATALOG) == []
+
+
+def test_every_option_of_every_spec_is_known() -> None:
+    """Options other roles add later are accepted without touching the check: the specs are the source."""
+    for role in ROLE_NAMES:
+        specs = load(ROLES / role / "meta" / "argument_specs.yml")["argument_specs"]
+        for entry_point, spec in specs.items():
+            if role == "input_check" and entry_point == "profile":
+                continue
+            assert ic.unknown_variables(list(spec.get("options", {})), CATALOG) == [], (role, entry_point)
+
+
+def test_the_catalogue_reads_a_new_option_from_a_spec(tmp_path: Path) -> None:
+    role = tmp_path / "roles" / "newrole"
+    (role / "meta").mkdir(parents=True)
+    (role / "meta" / "argument_specs.yml").write_text(yaml.safe_dump(
+        {"argument_specs": {"main": {"options": {"newrole_knob": {"type": "int", "description": "x"}}}}}))
+    catalog = ic.load_catalog(tmp_path / "roles")
+    assert ic.unknown_variables(["newrole_knob"], catalog) == []
+    assert ic.unknown_variables(["newrole_knbo"], catalog) == [
+        "unknown variable newrole_knbo: not an option of role newrole (did you mean newrole_knob?)"]
+    assert ic.mistyped_variables({"newrole_knob": "many"}, catalog)[0].startswith("variable newrole_knob (role newrole)")
+
+
+# --- mistyped variables -------------------------------------------------------------------------------
+
+
+def test_a_mistyped_option_is_refused_naming_it() -> None:
+    messages = ic.mistyped_variables(
+        {"sglang_ready_timeout_s": "soon", "sglang_gate": "always", "vllm_ready_timeout_s": "60", "engine": "tgi"},
+        CATALOG)
+    assert len(messages) == 3, messages
+    assert messages[0].startswith("variable engine (role input_check): value of engine must be one of: sglang, vllm")
+    assert messages[1].startswith("variable sglang_gate (role sglang): value of sglang_gate must be one of")
+    assert messages[2].startswith("variable sglang_ready_timeout_s (role sglang):") and "int" in messages[2]
+
+
+def test_a_secret_value_is_not_echoed_in_a_type_error() -> None:
+    catalog = ic.Catalog(options={"x_pin": ("x", {"type": "int", "no_log": True, "description": "a secret"})})
+    messages = ic.mistyped_variables({"x_pin": "s3cret-value"}, catalog)
+    assert len(messages) == 1 and messages[0].startswith("variable x_pin (role x):")
+    assert "s3cret-value" not in messages[0] and "********" in messages[0]
+
+
+# --- model profiles -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inventory", sorted(PROFILES))
+def test_the_example_profiles_pass_and_come_back_complete(inventory: str) -> None:
+    normalized, errors = ic.check_profiles(PROFILES[inventory], CATALOG.profile_schema)
+    assert errors == []
+    for name, profile in normalized.items():
+        assert set(profile) == set(CATALOG.profile_schema), name
+        assert profile["tokenizer"] == PROFILES[inventory][name].get("tokenizer") or profile["model"]["path"]
+        assert profile["model"]["source"] == PROFILES[inventory][name]["model"]["source"], "source keys kept as given"
+
+
+def _kimi() -> dict:
+    return copy.deepcopy(PROFILES["production"]["kimi-k25-int4-eagle3"])
+
+
+def test_tensor_parallel_size_eight_as_a_word_is_refused_naming_profile_and_key() -> None:
+    profile = _kimi() | {"tensor_parallel_size": "eight"}
+    normalized, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    assert normalized is None
+    assert len(errors) == 1 and errors[0].startswith("profile kimi: argument 'tensor_parallel_size'")
+    assert "int" in errors[0]
+
+
+def test_a_misspelled_profile_key_is_refused_with_the_closest_key() -> None:
+    profile = _kimi()
+    profile["tensor_paralel_size"] = profile.pop("tensor_parallel_size")
+    profile["speculative"]["num_step"] = profile["speculative"].pop("num_steps")
+    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    assert "profile kimi: unknown key tensor_paralel_size (did you mean tensor_parallel_size?)" in errors
+    assert "profile kimi: unknown key speculative.num_step (did you mean speculative.num_steps?)" in errors
+    assert any("missing required arguments: tensor_parallel_size" in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"port": None}, "port"),
+        ({"served_model_name": None}, "served_model_name"),
+        ({"drafter": None}, "speculative is set but drafter is null"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be at least 1"),
+        ({"port": 70000}, "port must be between 1 and 65535"),
+        ({"model": {"path": "models/kimi"}}, "model.path must be absolute"),
+        ({"speculative": {"algorithm": "MEDUSA", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}},
+         "value of algorithm must be one of: EAGLE, EAGLE3"),
+        ({"model": {"path": "/m", "source": {"type": "hf"}}}, "type is hf but all of the following are missing: repo"),
+        ({"trust_remote_code": "perhaps"}, "trust_remote_code"),
+    ],
+)
+def test_profile_errors_name_the_profile_and_the_key(change: dict, message: str) -> None:
+    profile = _kimi() | change
+    profile = {k: v for k, v in profile.items() if v is not None or k in ("drafter",)}
+    normalized, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    assert normalized is None
+    assert any(e.startswith("profile kimi: ") and message in e for e in errors), errors
+
+
+def test_a_profile_name_that_is_not_in_the_catalogue_names_the_closest() -> None:
+    assert ic.missing_profile("kimi-k25-int4-eagle", PROFILES["production"], "engine_profile") == [
+        "engine_profile kimi-k25-int4-eagle is not a profile of engine_profiles (known: kimi-k25-int4, "
+        "kimi-k25-int4-eagle3, qwen3-0.6b-smoke); did you mean kimi-k25-int4-eagle3?"]
+
+
+# --- specs carry the defaults; playbooks run the check first; no default() on profile keys -------------
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+def test_argument_specs_carry_the_values_of_defaults_main(role: str) -> None:
+    """ansible-doc -t role shows the spec's default: it must be the value the role really uses."""
+    defaults_file = ROLES / role / "defaults" / "main.yml"
+    defaults = load(defaults_file) if defaults_file.is_file() else {}
+    specs = load(ROLES / role / "meta" / "argument_specs.yml")["argument_specs"]
+    for entry_point, spec in specs.items():
+        if role == "input_check" and entry_point == "profile":
+            continue
+        for name, option in spec.get("options", {}).items():
+            if name in defaults:
+                assert "default" in option, f"{role} {entry_point}: {name} has no default in the spec"
+                assert option["default"] == defaults[name], f"{role} {entry_point}: {name} spec default differs"
+                assert not option.get("required"), f"{role}: {name} is required but has a default"
+            else:
+                assert option.get("required") or "default" not in option or role == "input_check", (
+                    f"{role} {entry_point}: {name} has a spec default but none in defaults/main.yml")
+    options = {n for spec in specs.values() for n in spec.get("options", {})}
+    assert set(defaults) <= options, f"undocumented defaults: {sorted(set(defaults) - options)}"
+
+
+PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yml"))
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS, ids=lambda p: p.name)
+def test_every_play_runs_the_input_check_before_anything_else(playbook: Path) -> None:
+    for play in load(playbook):
+        if "ansible.builtin.import_playbook" in play:
+            continue
+        first = (play.get("pre_tasks") or [{}])[0]
+        assert first.get("ansible.builtin.import_role", {}).get("name") == "input_check", (playbook.name, play["name"])
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS, ids=lambda p: p.name)
+def test_every_playbook_has_a_root_level_entry_point(playbook: Path) -> None:
+    entry = load(REPO / playbook.name)
+    assert [p.get("ansible.builtin.import_playbook") for p in entry] == [f"playbooks/{playbook.name}"]
+
+
+PROFILE_KEY_DEFAULT = re.compile(
+    r"\.(model|drafter|tokenizer|served_model_name|tensor_parallel_size|port|context_length|quantization|"
+    r"trust_remote_code|speculative|sglang_options|vllm_options|num_steps|eagle_topk|num_draft_tokens)\s*\|\s*default\(")
+
+
+def test_no_default_for_a_profile_key_in_roles_or_playbooks() -> None:
+    files = sorted(ROLES.rglob("*.yml")) + PLAYBOOKS
+    offenders = [f"{f.relative_to(REPO)}:{n}" for f in files for n, line in enumerate(f.read_text().splitlines(), 1)
+                 if PROFILE_KEY_DEFAULT.search(line) and "engine_service_verify" not in line]
+    assert offenders == []
