@@ -80,11 +80,10 @@ def load_catalog(roles_dir: Path = ROLES_DIR) -> Catalog:
     for role_dir in sorted(p for p in roles_dir.iterdir() if p.is_dir()):
         role = role_dir.name
         specs = (_yaml(role_dir / "meta" / "argument_specs.yml") or {}).get("argument_specs", {})
+        catalog.prefixes[f"{role}_"] = role
         if role == CHECK_ROLE:
             catalog.profile_schema = specs.get(PROFILE_ENTRY_POINT, {}).get("options", {})
             specs = {k: v for k, v in specs.items() if k != PROFILE_ENTRY_POINT}
-        else:
-            catalog.prefixes[f"{role}_"] = role
         for entry_point in specs.values():
             for name, spec in (entry_point.get("options") or {}).items():
                 catalog.options.setdefault(name, (role, spec))
@@ -150,10 +149,9 @@ def mistyped_variables(values: dict[str, Any], catalog: Catalog) -> list[str]:
             continue
         role, spec = catalog.options[name]
         result = ArgumentSpecValidator({name: _strip_for_type_check(spec)}).validate({name: values[name]})
+        secret = values[name] if spec.get("no_log") and isinstance(values[name], str) and values[name] else None
         for error in result.error_messages:
-            if spec.get("no_log") and isinstance(values[name], str) and values[name]:
-                error = error.replace(values[name], "********")
-            messages.append(f"variable {name} (role {role}): {error}")
+            messages.append(f"variable {name} (role {role}): {error.replace(secret, '********') if secret else error}")
     return messages
 
 

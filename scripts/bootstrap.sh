@@ -38,19 +38,26 @@ CONF
   mv "$CONTAINERS_CONF_FILE.tmp" "$CONTAINERS_CONF_FILE"
 }
 
+venv_is_current() {
+  local stamp="$VENV_DIR/.requirements.sha256"
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(sha256sum "$REPO_ROOT/requirements/controller.txt" | cut -d' ' -f1)" ]
+}
+
+# Before anything is installed: without a usable Python >= 3.12 nothing else is worth doing.
+require_python() {
+  venv_is_current && return 0
+  PYTHON=$(find_python) || die "$(python_missing_message "$(python_found_summary)")"
+}
+
 install_venv() {
-  local stamp="$VENV_DIR/.requirements.sha256" want python
-  want=$(sha256sum "$REPO_ROOT/requirements/controller.txt" | cut -d' ' -f1)
-  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
-  python=$(find_python) || die "no Python >= 3.12 found (ansible-core 2.21 needs it on the controller).
-Install python3.12 or python3.13 (apt, pyenv or uv), or set BWS_PYTHON=/path/to/python3.12"
-  stage "venv $VENV_DIR ($("$python" --version))"
+  venv_is_current && return 0
+  stage "venv $VENV_DIR ($("$PYTHON" --version))"
   rm -rf "$VENV_DIR"
-  "$python" -m venv "$VENV_DIR"
+  "$PYTHON" -m venv "$VENV_DIR"
   "$VENV_DIR/bin/pip" install -q --no-deps -r "$REPO_ROOT/requirements/controller.txt" 2>&1 | grep -v "is ignored" || true
   "$VENV_DIR/bin/python" -c 'import ansible, ansible_runner, molecule, testinfra, yaml' \
     || die "controller venv is incomplete"
-  echo "$want" > "$stamp"
+  sha256sum "$REPO_ROOT/requirements/controller.txt" | cut -d' ' -f1 > "$VENV_DIR/.requirements.sha256"
 }
 
 install_collections() {
@@ -71,6 +78,7 @@ install_collections() {
   echo "$want" > "$stamp"
 }
 
+require_python
 install_host_packages
 write_containers_conf
 install_venv

@@ -1,41 +1,66 @@
 # shellcheck shell=bash
-# Shared helpers for the project's scripts: where the toolchain lives, how to find Python >= 3.12,
-# and stage timing. Sourced, never executed.
+# Shared helpers for the project's scripts: where the toolchain lives (scripts/env.sh), how to find
+# Python >= 3.12, and stage timing. Sourced by the scripts, which want strict mode; to put the toolchain
+# on PATH in your own shell without changing its options, source scripts/env.sh instead.
 set -euo pipefail
-
-REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE_DIR=${BWS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/blackwell-serving}
-VENV_DIR=${BWS_VENV_DIR:-$CACHE_DIR/venv}
-COLLECTIONS_DIR=${BWS_COLLECTIONS_DIR:-$CACHE_DIR/collections}
-CONTAINERS_CONF_FILE=$CACHE_DIR/containers.conf
-SANDBOX_IMAGE=${BWS_SANDBOX_IMAGE:-localhost/bws-debian-systemd:bookworm}
-export REPO_ROOT CACHE_DIR VENV_DIR COLLECTIONS_DIR SANDBOX_IMAGE
-# Our podman settings live in a file we own; a user's /etc/containers is never rewritten.
-export CONTAINERS_CONF=$CONTAINERS_CONF_FILE
-export ANSIBLE_COLLECTIONS_PATH=$COLLECTIONS_DIR
-export ANSIBLE_CONFIG=$REPO_ROOT/ansible.cfg
-export PATH=$VENV_DIR/bin:$PATH
+# shellcheck source=scripts/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 _t0=$(date +%s)
 stage() { printf '\n### [%4ss] %s\n' "$(( $(date +%s) - _t0 ))" "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-# Print the path of a Python >= 3.12 interpreter (ansible-core 2.21 refuses older controllers).
+# Print the path of a Python >= 3.12 interpreter (ansible-core 2.21 refuses older controllers) that can
+# create a venv: BWS_PYTHON, python3.x / python3 on PATH, then Pythons managed by pyenv or uv.
 find_python() {
   local candidate
-  for candidate in "${BWS_PYTHON:-}" python3.13 python3.12 python3; do
+  for candidate in "${BWS_PYTHON:-}" python3.14 python3.13 python3.12 python3 $(_managed_pythons); do
     [ -n "$candidate" ] || continue
-    if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
+    # ensurepip: Debian/Ubuntu split it into pythonX.Y-venv, without which `-m venv` fails
+    if "$candidate" -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
       command -v "$candidate" 2>/dev/null || echo "$candidate"
       return 0
     fi
   done
-  if command -v pyenv >/dev/null 2>&1; then
-    for candidate in "$(pyenv root)"/versions/3.1[2-9]*/bin/python3; do
-      [ -x "$candidate" ] && { echo "$candidate"; return 0; }
-    done
-  fi
   return 1
+}
+
+_managed_pythons() {
+  local uv
+  if command -v pyenv >/dev/null 2>&1; then
+    ls -d "$(pyenv root)"/versions/3.1[2-9]*/bin/python3 2>/dev/null || true
+  fi
+  for uv in uv "$HOME/.local/bin/uv"; do
+    if command -v "$uv" >/dev/null 2>&1; then
+      (cd / && "$uv" python find '>=3.12' 2>/dev/null) || true
+      return 0
+    fi
+  done
+}
+
+# The one message bootstrap stops with when no interpreter fits; $1 = what was found instead.
+python_missing_message() {
+  cat <<MSG
+no Python >= 3.12 found (the controller toolchain, ansible-core 2.21, needs it); ${1}.
+Install one, then run bootstrap again:
+  Ubuntu 24.04 (python3 is 3.12):  sudo apt install python3.12-venv
+  Debian 12 (ships 3.11; its archive has no python3.12), with uv's managed Python:
+      sudo apt install pipx && pipx install uv && ~/.local/bin/uv python install 3.12
+    or with pyenv:  pyenv install 3.12
+  Bootstrap finds uv's and pyenv's interpreters by itself; any other: BWS_PYTHON=/path/to/python3.12
+MSG
+}
+
+# What the interpreter search saw, for that message.
+python_found_summary() {
+  local candidate found=()
+  for candidate in python3.14 python3.13 python3.12 python3.11 python3; do
+    command -v "$candidate" >/dev/null 2>&1 &&
+      found+=("$candidate $("$candidate" -c 'import platform, importlib.util as u
+print(platform.python_version() + ("" if u.find_spec("ensurepip") else " without its venv module"))' 2>/dev/null || echo '?')")
+  done
+  if [ ${#found[@]} -eq 0 ]; then echo "found no python3 on PATH"; else
+    local IFS=,; echo "found ${found[*]}"; fi
 }
 
 # boot_test_host NAME: start a systemd container from the test-host image and wait until systemd

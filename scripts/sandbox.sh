@@ -3,9 +3,9 @@
 # systemd container ("bws-sandbox") standing in for a GPU server, with the ENGINE TEST DOUBLE in place
 # of the engine. Usage: bash scripts/sandbox.sh [playbook] [ansible-playbook options...]
 #   bash scripts/sandbox.sh                                   # deploy SGLang (default)
-#   bash scripts/sandbox.sh playbooks/deploy_vllm.yml          # switch the sandbox to vLLM
-#   bash scripts/sandbox.sh playbooks/teardown.yml
-#   bash scripts/sandbox.sh playbooks/deploy_sglang.yml --check --diff
+#   bash scripts/sandbox.sh deploy_vllm.yml                    # switch the sandbox to vLLM
+#   bash scripts/sandbox.sh teardown.yml
+#   bash scripts/sandbox.sh deploy_sglang.yml --check --diff
 #   BWS_SANDBOX_DESTROY=1 bash scripts/sandbox.sh             # remove the sandbox container
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -16,7 +16,7 @@ if [ "${BWS_SANDBOX_DESTROY:-0}" = 1 ]; then
   echo "sandbox removed"; exit 0
 fi
 
-playbook=playbooks/deploy_sglang.yml
+playbook=deploy_sglang.yml
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then playbook=$1; shift; fi
 
 stage "set-up (toolchain, test-host image)"
@@ -37,5 +37,5 @@ Sandbox outcome: the playbook above ran for real against $SANDBOX (systemd, podm
 The engine there is the ENGINE TEST DOUBLE, not SGLang or vLLM. Look around:
   podman exec $SANDBOX systemctl status sglang vllm --no-pager
   podman exec $SANDBOX python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health').status)"
-Against a real GPU server: ansible-playbook -i inventory/production $playbook (see README).
+Against a real GPU server: ansible-playbook -i inventory/<yours> $playbook (see README).
 TXT

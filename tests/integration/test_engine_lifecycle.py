@@ -101,7 +101,8 @@ def test_pcie_ipc_allreduce_setting_reaches_the_unit_environment_and_refuses_a_t
 
 
 def test_deploy_sglang_serves(host, runs):
-    run = deploy(host, runs, "deploy_sglang.yml")
+    run = host.run_playbook("deploy_sglang.yml")  # the root-level entry point users type
+    runs.append(run)
     assert run.status == "successful", run.stdout[-3000:]
     assert host.unit("sglang.service")["ActiveState"] == "active"
     assert host.unit("sglang.service")["UnitFileState"] == "enabled"
@@ -115,6 +116,51 @@ def test_second_deploy_changes_nothing(host, runs):
     assert run.status == "successful", run.stdout[-3000:]
     assert run.count("changed", host.name) == 0, run.stdout[-3000:]
     assert main_pid(host) == pid
+
+
+def _profiles_with(name: str, **changes) -> dict:
+    profiles = build_profiles()
+    profiles[name].update(changes)
+    return profiles
+
+
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
+# Each is refused by the input check (action_plugins/input_check.py) that every play runs first. Every
+# root-level playbook refuses the same inputs on localhost in tests/integration/test_input_check_playbooks.py.
+REFUSED_INPUTS = {
+    "misspelled api key": (
+        {"sglang_api_kye": "x"},
+        ["unknown variable sglang_api_kye: not an option of role sglang (did you mean sglang_api_key?)"],
+    ),
+    "misspelled profile key": (
+        {"engine_profiles": _profiles_with("sandbox-tiny-eagle3", trust_remote_cod=True)},
+        ["profile sandbox-tiny-eagle3: unknown key trust_remote_cod (did you mean trust_remote_code?)"],
+    ),
+    "tensor parallel size as a word": (
+        {"engine_profiles": _profiles_with("sandbox-tiny-eagle3", tensor_parallel_size="eight")},
+        ["profile sandbox-tiny-eagle3: argument 'tensor_parallel_size' is of type str"],
+    ),
+    "a bogus variable of every role": (
+        {f"{role}_bogus": 1 for role in ROLES},
+        [f"unknown variable {role}_bogus: not an option of role {role}" for role in ROLES],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_INPUTS)
+def test_refused_input_fails_before_any_change_and_the_engine_keeps_serving(host, runs, case):
+    extravars, messages = REFUSED_INPUTS[case]
+    pid = main_pid(host)
+    run = host.run_playbook("deploy_sglang.yml", extravars=extravars)  # the root-level entry point
+    runs.append(run)
+    text = " ".join(run.stdout.split())
+    assert run.rc != 0
+    for message in messages:
+        assert message in text, text[-3000:]
+    assert run.count("changed", host.name) == 0
+    assert "TASK [sglang :" not in run.stdout, "no task of the deploy may run"
+    assert main_pid(host) == pid
+    assert host.health() == 200
 
 
 def test_deploy_vllm_replaces_sglang(host, runs):

@@ -190,8 +190,9 @@ def _wait_healthy(double: EngineDouble) -> None:
 
 
 def _host(double: EngineDouble, tokenizer: Path, report_root: Path, **extra: object) -> dict:
+    steps = double.num_steps
     speculative = (
-        {"algorithm": "EAGLE3", "num_steps": double.num_steps, "eagle_topk": 1, "num_draft_tokens": double.num_steps + 1}
+        {"algorithm": "EAGLE3", "num_steps": steps, "eagle_topk": 1, "num_draft_tokens": steps + 1}
         if double.speculative
         else None
     )

@@ -188,7 +188,8 @@ def test_venv_built_offline_with_the_requirement_set(host):
 REFUSALS = {
     "misspelled variable": (
         ("nvidia_driver", "-e", "nvidia_driver_brnach=590"),
-        "unknown variable nvidia_driver_brnach: not an option of role nvidia_driver (did you mean nvidia_driver_branch?)",
+        "unknown variable nvidia_driver_brnach: not an option of role nvidia_driver"
+        " (did you mean nvidia_driver_branch?)",
     ),
     "mistyped variable": (
         ("nvidia_driver", "-e", '{"nvidia_driver_reboot": "maybe"}'),

@@ -1,0 +1,22 @@
+# shellcheck shell=bash
+# Puts the project's pinned toolchain (ansible-playbook, molecule, pytest, ...) on PATH in the current
+# shell and points Ansible at this repository's ansible.cfg and collections:
+#   source scripts/env.sh          (bash; run `bash scripts/bootstrap.sh` once first)
+# It only sets environment variables: shell options (set -e, -u, pipefail) are left as they were,
+# and sourcing it twice does not grow PATH. scripts/lib.sh sources it for the project's own scripts.
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE_DIR=${BWS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/blackwell-serving}
+VENV_DIR=${BWS_VENV_DIR:-$CACHE_DIR/venv}
+COLLECTIONS_DIR=${BWS_COLLECTIONS_DIR:-$CACHE_DIR/collections}
+CONTAINERS_CONF_FILE=$CACHE_DIR/containers.conf
+SANDBOX_IMAGE=${BWS_SANDBOX_IMAGE:-localhost/bws-debian-systemd:bookworm}
+export REPO_ROOT CACHE_DIR VENV_DIR COLLECTIONS_DIR SANDBOX_IMAGE
+# Our podman settings live in a file we own; a user's /etc/containers is never rewritten.
+export CONTAINERS_CONF=$CONTAINERS_CONF_FILE
+export ANSIBLE_COLLECTIONS_PATH=$COLLECTIONS_DIR
+export ANSIBLE_CONFIG=$REPO_ROOT/ansible.cfg
+case ":$PATH:" in
+  *":$VENV_DIR/bin:"*) ;;
+  *) export PATH=$VENV_DIR/bin:$PATH ;;
+esac

@@ -1,0 +1,78 @@
+"""Every root-level playbook refuses unknown and mistyped inputs before any task runs on the host.
+
+Runs the real entry points (deploy_sglang.yml, ..., site.yml) with ansible-playbook against localhost. The
+input check runs on the controller as the first task of every play, so a refusal leaves nothing changed
+and no role task started. The same refusals on a serving host, with its MainPID unchanged, are in
+tests/integration/test_engine_lifecycle.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY_POINTS = sorted(p.name for p in REPO.glob("*.yml") if "import_playbook: playbooks/" in p.read_text())
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
+REFUSED = {
+    **{f"{role}_bogus": 1 for role in ROLES},
+    "sglang_api_kye": "x",
+    "engine_profil": "sandbox-tiny",
+    "deploy_batch_sise": 2,
+    "vllm_ready_timeout_s": "soon",
+}
+EXPECTED = [
+    *(f"unknown variable {role}_bogus: not an option of role {role}" for role in ROLES),
+    "unknown variable sglang_api_kye: not an option of role sglang (did you mean sglang_api_key?)",
+    "unknown variable engine_profil: not a playbook input (did you mean engine_profile?)",
+    "unknown variable deploy_batch_sise: not a playbook input (did you mean deploy_batch_size?)",
+    "variable vllm_ready_timeout_s (role vllm): argument 'vllm_ready_timeout_s' is of type str",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
+    work = tmp_path_factory.mktemp("input-check")
+    inventory = work / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "group_vars" / "all").symlink_to(REPO / "inventory" / "sandbox" / "group_vars" / "all")
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False}
+    (inventory / "hosts.yml").write_text(
+        yaml.safe_dump({"all": {"children": {"gpu_servers": {"hosts": {"localhost": local}}}}}))
+    (work / "refused.json").write_text(json.dumps(REFUSED))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCAL_TEMP": str(work / "tmp")}
+
+    def run(playbook: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ansible-playbook", "-i", str(inventory), playbook, "-e", f"@{work / 'refused.json'}"],
+                              check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(ENTRY_POINTS, pool.map(run, ENTRY_POINTS), strict=True))
+
+
+def test_the_entry_points_are_the_eight_playbooks() -> None:
+    assert ENTRY_POINTS == ["deploy_sglang.yml", "deploy_vllm.yml", "fetch_models.yml", "launch.yml",
+                            "provision.yml", "site.yml", "teardown.yml", "verify.yml"]
+
+
+@pytest.mark.parametrize("playbook", ENTRY_POINTS)
+def test_refused_before_any_task_on_the_host(runs, playbook: str) -> None:
+    result = runs[playbook]
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 2, text[-3000:] + result.stderr[-2000:]
+    for message in EXPECTED:
+        assert message in text, message
+    tasks = re.findall(r"^TASK \[([^\]]+)\]", result.stdout, re.MULTILINE)
+    assert tasks[-1] == "input_check : Inputs | refuse unknown and mistyped variables and invalid model profiles"
+    assert set(tasks[:-1]) <= {"Gathering Facts"} | {t for t in tasks if t.startswith("input_check : Validating")}
+    recap = re.search(r"^localhost\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=1", result.stdout, re.M)
+    assert recap and recap.group(2) == "0", text[-2000:]
