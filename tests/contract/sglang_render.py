@@ -12,9 +12,9 @@ Keys, from (later sources override earlier ones, as the role's `combine` does):
     model-path                    profile.model.path
     tokenizer-path                profile.tokenizer, else profile.model.path
     served-model-name             profile.served_model_name
-    tp-size                       profile.tensor_parallel_size (default 1)
+    tp-size                       profile.tensor_parallel_size (required by the profile schema)
     host                          defaults.sglang_listen_address
-    port                          profile.port (default 30000)
+    port                          profile.port (required by the profile schema)
     context-length                profile.context_length
     quantization                  profile.quantization
     trust-remote-code             profile.trust_remote_code
@@ -61,9 +61,9 @@ def render_options(profile: dict[str, Any], overrides: dict[str, Any] | None = N
         "model-path": model_path,
         "tokenizer-path": profile.get("tokenizer") or model_path,
         "served-model-name": profile["served_model_name"],
-        "tp-size": int(profile.get("tensor_parallel_size") or 1),
+        "tp-size": int(profile["tensor_parallel_size"]),
         "host": settings["sglang_listen_address"],
-        "port": int(profile.get("port") or 30000),
+        "port": int(profile["port"]),
         "context-length": profile.get("context_length"),
         "quantization": profile.get("quantization"),
         "trust-remote-code": bool(profile.get("trust_remote_code")),

@@ -80,9 +80,9 @@ def role_argv(profile: dict) -> list[str]:
     flags: dict = {
         "served-model-name": profile["served_model_name"],
         "tokenizer": profile.get("tokenizer") or profile["model"]["path"],
-        "tensor-parallel-size": int(profile.get("tensor_parallel_size") or 1),
+        "tensor-parallel-size": int(profile["tensor_parallel_size"]),
         "host": defaults["vllm_listen_address"],
-        "port": int(profile.get("port") or 8000),
+        "port": int(profile["port"]),
         "max-model-len": profile.get("context_length"),
         "quantization": profile.get("quantization"),
         "trust-remote-code": bool(profile.get("trust_remote_code", False)),
