@@ -45,6 +45,9 @@ module_docs() {
     ansible-doc -M library "$module" >/dev/null || { echo "ansible-doc failed: $module"; return 1; }
   done
   echo "ansible-doc ok: $(ls library/*.py 2>/dev/null | wc -l) modules"
+  # roles: their argument specs (defaults included) render, as users read them
+  ansible-doc -t role -r roles $(ls roles) >/dev/null || { echo "ansible-doc -t role failed"; return 1; }
+  echo "ansible-doc ok: $(ls roles | wc -l) roles"
 }
 
 pytest_stage() {  # pytest_stage NAME ARGS...
