@@ -275,7 +275,7 @@ class ActionModule(ActionBase):
             errors.append(f"profile {args['profile']} requested but engine_profiles is not defined")
 
         if errors:
-            result.update(failed=True, errors=errors,
+            result.update(failed=True,
                           msg=f"{len(errors)} input error(s), nothing was changed:\n" + "\n".join(errors))
             return result
         result.update(changed=False, profiles=normalized, msg="inputs ok")
