@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run one of this repository's playbooks through ansible-runner, the way CI should.
 
-    python scripts/ci_playbook.py playbooks/deploy_sglang.yml -i inventory/production \
+    python scripts/ci_playbook.py deploy_sglang.yml -i inventory/production \
         --artifacts out/ --extra-vars-file secrets.yml --redact-env SGLANG_API_KEY
 
 - A throw-away private data dir; project_dir is this repository; artifacts are kept under --artifacts.
@@ -34,7 +34,7 @@ STAT_KEYS = ("ok", "changed", "failures", "rescued", "skipped", "dark", "ignored
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("playbook", help="playbook path relative to the repository, e.g. playbooks/verify.yml")
+    parser.add_argument("playbook", help="playbook path relative to the repository, e.g. verify.yml")
     parser.add_argument("-i", "--inventory", default="inventory/production", help="inventory path")
     parser.add_argument("--artifacts", default="artifacts/ci", help="directory that keeps the run's artifacts")
     parser.add_argument("--limit", help="host pattern, as ansible-playbook --limit")
