@@ -231,7 +231,8 @@ def test_every_playbook_has_a_root_level_entry_point(playbook: Path) -> None:
 
 PROFILE_KEY_DEFAULT = re.compile(
     r"\.(model|drafter|tokenizer|served_model_name|tensor_parallel_size|port|context_length|quantization|"
-    r"trust_remote_code|speculative|sglang_options|vllm_options|num_steps|eagle_topk|num_draft_tokens)\s*\|\s*default\(")
+    r"trust_remote_code|speculative|sglang_options|vllm_options|num_steps|eagle_topk|num_draft_tokens|"
+    r"sglang_pcie_ipc_allreduce)\s*\|\s*default\(")
 
 
 def test_no_default_for_a_profile_key_in_roles_or_playbooks() -> None:
