@@ -248,7 +248,8 @@ def test_gate_fails_at_066x_with_which_level_and_how_much(run):
     ratio, measured, base, percent = message.groups()
     assert float(base) == pytest.approx(run["baseline"][1], abs=0.05)
     assert float(ratio) == pytest.approx(float(measured) / float(base), abs=0.01)
-    assert int(percent) == round((float(measured) / float(base) - 1) * 100)
+    # The message rounds the tok/s figures to one decimal but computes the percentage from the exact ones.
+    assert abs(int(percent) - (float(measured) / float(base) - 1) * 100) <= 1
     assert re.search(r"acceptance rate \d+\.\d% at concurrency 1 is below the 30\.0% minimum", run["output"])
     assert "verify gate FAILED on slow" in run["output"]
 
