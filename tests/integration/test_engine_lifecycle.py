@@ -203,8 +203,9 @@ def test_check_diff_where_sglang_would_replace_vllm_shows_it_and_vllm_keeps_serv
     runs.append(run)
     assert run.rc == 0, run.stdout[-3000:]
     assert run.count("changed", host.name) > 0
-    assert "--- before" in run.stdout and '+    "status": "serving"' in run.stdout, run.stdout[-3000:]
-    assert '"current": "sglang-' in run.stdout
+    # The SGLang release is already on the host (deployed before vLLM): the diff is state.json's switch.
+    assert "--- before: /var/lib/llm-serving/state.json" in run.stdout, run.stdout[-3000:]
+    assert '-    "current": "vllm-' in run.stdout and '+    "current": "sglang-' in run.stdout, run.stdout[-3000:]
     assert main_pid(host, "vllm.service") == pid and host.unit("sglang.service")["ActiveState"] == "inactive"
 
 
