@@ -39,6 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--artifacts", default="artifacts/ci", help="directory that keeps the run's artifacts")
     parser.add_argument("--limit", help="host pattern, as ansible-playbook --limit")
     parser.add_argument("--check", action="store_true", help="run in check mode with --diff")
+    parser.add_argument("--skip-tags", help="tags to skip, as ansible-playbook --skip-tags")
     parser.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=JSON",
                         help="extra variable (value parsed as JSON when it parses); not for secrets")
     parser.add_argument("--extra-vars-file", action="append", default=[], help="vars file passed as -e @file")
@@ -73,6 +74,13 @@ def print_progress(event: dict) -> bool:
     return True
 
 
+def verify_report_dir(result: object) -> str | None:
+    """The report directory the verify role publishes as the fact verify_result.report_dir."""
+    facts = result.get("ansible_facts") if isinstance(result, dict) else None
+    published = (facts or {}).get("verify_result") if isinstance(facts, dict) else None
+    return (published.get("report_dir") or None) if isinstance(published, dict) else None
+
+
 def host_summaries(runner) -> dict[str, dict]:
     stats = runner.stats or {}
     hosts = sorted({host for key in STAT_KEYS for host in (stats.get(key) or {})})
@@ -95,11 +103,9 @@ def host_summaries(runner) -> dict[str, dict]:
                 span = first_last.setdefault(host, [moment, moment])
                 span[0], span[1] = min(span[0], moment), max(span[1], moment)
         result = data.get("res") or {}
-        if isinstance(result, dict) and result.get("verify_report_dir"):
-            summary[host]["verify_report"] = result["verify_report_dir"]
-        facts = result.get("ansible_facts", {}) if isinstance(result, dict) else {}
-        if facts.get("verify_report_dir"):
-            summary[host]["verify_report"] = facts["verify_report_dir"]
+        report_dir = verify_report_dir(result)
+        if report_dir:
+            summary[host]["verify_report"] = report_dir
         if event.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
             summary[host]["failed_tasks"].append({"task": data.get("task"), "msg": str(result.get("msg", ""))[:2000]})
     for host, (first, last) in first_last.items():
@@ -168,6 +174,8 @@ def main(argv: list[str]) -> int:
     cmdline = [*(f"-e @{Path(f).resolve()}" for f in args.extra_vars_file)]
     if args.check:
         cmdline.append("--check --diff")
+    if args.skip_tags:
+        cmdline.append(f"--skip-tags {args.skip_tags}")
     secrets = [os.environ[name] for name in args.redact_env if os.environ.get(name)]
     private = Path(tempfile.mkdtemp(prefix="ci-playbook-"))
     started = time.time()

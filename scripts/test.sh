@@ -3,7 +3,9 @@
 # the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
 # module, pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
 # engine lifecycle scenarios (faults, rollback, secrets) on one shared booted systemd host.
-# Prints wall time per stage and ends with a pytest-style "N passed, N failed" line.
+# Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
+# (-v) and Molecule one line per scenario step and task, so a long stage shows where it is. The run ends with
+# the stage times and a pytest-style "N passed, N failed" line.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -25,6 +27,7 @@ run_stage() {
   stage "$name"
   "$@" || rc=$?
   STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name" "$(( $(date +%s) - start ))" "$([ $rc -eq 0 ] && echo ok || echo FAILED)")")
+  printf '### %s: %s in %ss\n' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$(( $(date +%s) - start ))"
   printf '%s\t%s\n' "$name" "$rc" >> "$RESULTS/stages.tsv"
   [ $rc -eq 0 ] || summary 1
 }
@@ -52,15 +55,17 @@ module_docs() {
 
 pytest_stage() {  # pytest_stage NAME ARGS...
   local name=$1; shift
-  pytest -q -p no:cacheprovider --junitxml="$RESULTS/$name.xml" "$@"
+  pytest -v -p no:cacheprovider --junitxml="$RESULTS/$name.xml" "$@"
 }
 
 run_molecule() {
-  local scenario
+  local scenario start
   for scenario in ${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}; do
     [ -f "molecule/$scenario/molecule.yml" ] || continue
     stage "molecule test -s $scenario"
+    start=$(date +%s)
     BWS_JUNIT="$RESULTS/molecule-$scenario.xml" molecule test -s "$scenario" || return 1
+    printf '### molecule scenario %s: ok in %ss\n' "$scenario" "$(( $(date +%s) - start ))"
   done
 }
 

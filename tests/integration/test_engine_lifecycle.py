@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,12 +44,21 @@ def build_profiles() -> dict:
     return profiles
 
 
+# A small benchmark, so verify.yml and site.yml run with nothing on the command line in seconds.
+SMALL_VERIFY = {"verify_concurrency": [1], "verify_gate_concurrency": [1], "verify_bench_input_len": 16,
+                "verify_bench_output_len": 32, "verify_bench_min_prompts": 4, "verify_bench_prompts_per_concurrency": 2,
+                "verify_bench_warmup_requests": 0}
+
+
+def inventory_vars(host: EngineHost, **more) -> dict:
+    return {"engine_profiles": build_profiles(), "sglang_api_key": API_KEY, "vllm_api_key": API_KEY,
+            **SMALL_VERIFY, "verify_report_dir": str(host.workdir / "reports"), **more}
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     engine_host = EngineHost("bws-it-engine", tmp_path_factory.mktemp("engine-host"))
-    engine_host.write_inventory(
-        {"engine_profiles": build_profiles(), "sglang_api_key": API_KEY, "vllm_api_key": API_KEY}
-    )
+    engine_host.write_inventory(inventory_vars(engine_host))
     engine_host.boot()
     prepared = engine_host.run_playbook("tests/sandbox/prepare_host.yml")
     assert prepared.status == "successful", prepared.stdout[-2000:]
@@ -66,6 +79,16 @@ def deploy(host: EngineHost, runs: list, playbook: str, **extravars):
 
 def main_pid(host: EngineHost, unit: str = "sglang.service") -> str:
     return host.unit(unit)["MainPID"]
+
+
+def release(host: EngineHost, release_id: str) -> dict:
+    return json.loads(host.sh(f"cat /var/lib/llm-serving/releases/{release_id}/release.json"))
+
+
+def assert_check_mode_changes_nothing(run) -> None:
+    assert run.rc == 0, run.stdout[-3000:]
+    assert run.count("changed", "bws-it-engine") == 0, run.stdout[-3000:]
+    assert "--- before" not in run.stdout, run.stdout[-3000:]
 
 
 def test_check_diff_on_a_fresh_host_shows_the_unit_and_skips_start_and_wait(host, runs):
@@ -108,6 +131,17 @@ def test_deploy_sglang_serves(host, runs):
     assert host.unit("sglang.service")["UnitFileState"] == "enabled"
     assert host.health() == 200
     assert "ENGINE TEST DOUBLE" in run.stdout
+    state = host.state()
+    assert state["status"] == "serving" and state["previous"] is None
+    serving = release(host, state["current"])
+    assert serving["engine"] == "sglang" and serving["base_url"] == "http://127.0.0.1:30000"
+    assert serving["served_model_name"] == "tiny-sandbox" and serving["tokenizer"] == "/srv/models/sandbox/tiny-model"
+    assert serving["trust_remote_code"] is False and serving["speculative"] is True
+    assert serving["speculative_num_steps"] == 3
+    assert serving["speculative_settings"]["speculative-algorithm"] == "EAGLE3"
+    config = host.sh(f"cat /var/lib/llm-serving/releases/{state['current']}/config.yaml")
+    assert "NOT checked by SGLang's parser: sglang_argcheck was false" in config
+    assert "checked it with the installed SGLang's own parser" not in config
 
 
 def test_second_deploy_changes_nothing(host, runs):
@@ -163,6 +197,14 @@ def test_refused_input_fails_before_any_change_and_the_engine_keeps_serving(host
     assert host.health() == 200
 
 
+def test_check_diff_on_the_serving_sglang_host_changes_nothing(host, runs):
+    pid = main_pid(host)
+    run = host.run_playbook("playbooks/deploy_sglang.yml", check=True)
+    runs.append(run)
+    assert_check_mode_changes_nothing(run)
+    assert main_pid(host) == pid
+
+
 def test_deploy_vllm_replaces_sglang(host, runs):
     run = deploy(host, runs, "deploy_vllm.yml")
     assert run.status == "successful", run.stdout[-3000:]
@@ -171,6 +213,46 @@ def test_deploy_vllm_replaces_sglang(host, runs):
     assert host.unit("sglang.service")["ActiveState"] == "inactive"
     assert host.unit("sglang.service")["UnitFileState"] == "disabled"
     assert host.health() == 200
+
+
+def test_check_diff_on_the_serving_vllm_host_changes_nothing(host, runs):
+    pid = main_pid(host, "vllm.service")
+    run = host.run_playbook("playbooks/deploy_vllm.yml", check=True)
+    runs.append(run)
+    assert_check_mode_changes_nothing(run)
+    assert main_pid(host, "vllm.service") == pid
+
+
+def test_verify_without_extra_vars_verifies_the_vllm_that_serves(host, runs):
+    run = host.run_playbook("playbooks/verify.yml")
+    runs.append(run)
+    assert run.status == "successful", run.stdout[-3000:]
+    current = host.state()["current"]
+    assert current.startswith("vllm-")
+    assert re.search(rf"bws-it-engine serves vllm \S+ release {current} \(profile sandbox-tiny-eagle3\)",
+                     " ".join(run.stdout.split())), run.stdout[-3000:]
+    reports = sorted((host.workdir / "reports" / "bws-it-engine").glob("*/report.json"))
+    report = json.loads(reports[-1].read_text())
+    assert report["engine"] == "vllm" and report["speculative"] is True, report
+    assert "speculation is not running" not in run.stdout
+
+
+def test_check_diff_of_verify_changes_nothing(host, runs):
+    run = host.run_playbook("playbooks/verify.yml", check=True)
+    runs.append(run)
+    assert_check_mode_changes_nothing(run)
+
+
+def test_check_diff_where_sglang_would_replace_vllm_shows_it_and_vllm_keeps_serving(host, runs):
+    pid = main_pid(host, "vllm.service")
+    run = host.run_playbook("playbooks/deploy_sglang.yml", check=True)
+    runs.append(run)
+    assert run.rc == 0, run.stdout[-3000:]
+    assert run.count("changed", host.name) > 0
+    # The SGLang release is already on the host (deployed before vLLM): the diff is state.json's switch.
+    assert "--- before: /var/lib/llm-serving/state.json" in run.stdout, run.stdout[-3000:]
+    assert '-    "current": "vllm-' in run.stdout and '+    "current": "sglang-' in run.stdout, run.stdout[-3000:]
+    assert main_pid(host, "vllm.service") == pid and host.unit("sglang.service")["ActiveState"] == "inactive"
 
 
 def test_deploy_sglang_again_leaves_exactly_one_engine(host, runs):
@@ -301,13 +383,17 @@ def test_a_deploy_whose_verify_gate_fails_rolls_back_and_the_previous_release_se
     assert list((tmp_path / "reports").rglob("report.md")), "the failing gate still wrote its report"
 
 
-def test_crash_at_start_rolls_back_and_the_previous_release_serves(host, runs):
-    before = host.state()["current"]
+def test_after_a_rollback_the_state_names_current_and_previous_as_before(host, runs):
+    before = host.state()
     run = deploy(host, runs, "deploy_sglang.yml", sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
     assert run.status == "failed"
     assert "auto-restart" in run.stdout or "unit is failed" in run.stdout, run.stdout[-3000:]
-    assert f"Rolled back: {before} is serving again" in run.stdout.replace("\n", " ").replace("  ", " ")
-    assert host.state()["current"] == before
+    assert f"Rolled back: {before['current']} is serving again" in " ".join(run.stdout.split())
+    after = host.state()
+    assert after["previous"] is not None and after["previous"].startswith("vllm-")
+    assert {k: after[k] for k in ("current", "previous", "status")} == {
+        "current": before["current"], "previous": before["previous"], "status": "serving"}
+    assert after["failed"].startswith("sglang-") and after["failed"] != before["current"]
     assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
 
 
@@ -383,6 +469,56 @@ def test_failed_vllm_deploy_rolls_back_to_the_sglang_release(host, runs):
     assert host.state()["current"] == before
 
 
+def interrupted_deploy(host: EngineHost, playbook: str, extravars: dict, interrupt_when) -> None:
+    """Run a deploy and kill its controller (SIGKILL, as a lost terminal or CI runner) once interrupt_when()
+    holds. The controller starts a session of its own and the kill goes to that session's process group only,
+    so it reaches nothing this test did not start. (Not a private PID namespace: podman judges whether a
+    container's conmon lives by its host PID, which a PID namespace would hide.)"""
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(host.inventory),
+               str(REPO / playbook), "-e", json.dumps(extravars)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    controller = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not interrupt_when():
+            assert controller.poll() is None, "the deploy ended before it could be interrupted"
+            assert time.monotonic() < deadline, "the deploy never reached the point to interrupt"
+            time.sleep(0.5)
+    finally:
+        if controller.poll() is None:
+            os.killpg(controller.pid, signal.SIGKILL)
+        controller.wait()
+
+
+def test_an_interrupted_deploy_claims_nothing_serves_and_its_rerun_finishes_it_and_prunes(host, runs):
+    before = host.state()
+    releases_before = host.sh("ls /var/lib/llm-serving/releases").split()
+    old_pid = main_pid(host)
+    # The double takes 25 s to answer /health: the controller is killed while it waits.
+    slow = {"sglang_extra_environment": {"ENGINE_DOUBLE_START_S": "25"}}
+
+    def started() -> bool:
+        state = json.loads(host.sh("cat /var/lib/llm-serving/state.json"))
+        return state.get("status") == "switching" and main_pid(host) not in ("0", old_pid)
+
+    interrupted_deploy(host, "playbooks/deploy_sglang.yml", slow, started)
+    state = host.state()
+    assert state["status"] == "switching", state
+    assert state["current"] != before["current"] and state["previous"] == before["current"]
+    started_pid = main_pid(host)
+
+    run = deploy(host, runs, "deploy_sglang.yml", engine_service_keep_releases=1, **slow)
+    assert run.status == "successful", run.stdout[-3000:]
+    assert main_pid(host) == started_pid, "the re-run finished the deploy without restarting the engine"
+    assert host.state() == {"current": state["current"], "previous": before["current"], "status": "serving"}
+    assert host.health() == 200
+    # keep_releases=1: current, previous and the newest other release stay; older ones are removed.
+    releases = host.sh("ls /var/lib/llm-serving/releases").split()
+    assert len(releases_before) + 1 > 3 and len(releases) == 3, (releases_before, releases)
+    assert state["current"] in releases and before["current"] in releases
+
+
 def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact(host, runs):
     assert API_KEY not in host.sh("ps -eo args")
     assert API_KEY not in host.sh("cat /etc/systemd/system/*.service")
@@ -398,6 +534,14 @@ def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact(host, runs):
         '\nexcept e.HTTPError as x: print(x.code)"'
     )
     assert unauthenticated == "401"
+
+
+def test_check_diff_of_teardown_on_a_serving_host_shows_the_state_change_and_stops_nothing(host, runs):
+    pid = main_pid(host)
+    run = host.run_playbook("playbooks/teardown.yml", check=True)
+    assert run.rc == 0, run.stdout[-3000:]
+    assert '+    "status": "stopped"' in run.stdout and '-    "status": "serving"' in run.stdout, run.stdout[-3000:]
+    assert main_pid(host) == pid and host.health() == 200
 
 
 HANDMADE_SESSION = "user.slice/user-1000.slice/session-99.scope"
@@ -420,6 +564,7 @@ def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, r
     engine_pids = host.sh("pgrep -u sglang -d ' ' .")
     assert engine_pids, "the engine serves before the teardown"
     session = start_in_handmade_session(host, "sglang::handmade_TP0")
+    current = host.state()["current"]
     run = host.run_playbook("playbooks/teardown.yml")
     assert run.status == "successful", run.stdout[-3000:]
     for unit in ("sglang.service", "vllm.service"):
@@ -431,6 +576,32 @@ def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, r
     assert f"foreign, not signalled: {session} sglang::handmade_TP0" in run.stdout
     assert "in a user session (" in run.stdout and HANDMADE_SESSION in run.stdout
     host.sh(f"kill {session}")
+    assert host.state()["status"] == "stopped" and host.state()["current"] == current
+    # One summary per host: the role's own is off, the teardown summary names the release it stopped.
+    gpu_summary = run.stdout.split("TASK [gpu_release : Summary of the GPU release]", 1)[1].split("TASK [", 1)[0]
+    assert "skipping: [bws-it-engine]" in gpu_summary and "ok: [bws-it-engine]" not in gpu_summary
+    summary = run.stdout.split("TASK [Teardown | summary]", 1)[1].split("PLAY RECAP", 1)[0]
+    flat = " ".join(summary.split())
+    assert f"release {current} (sglang, profile sandbox-tiny-eagle3) is recorded as stopped" in flat, flat
+    check = host.run_playbook("playbooks/teardown.yml", check=True)
+    assert_check_mode_changes_nothing(check)
     again = host.run_playbook("playbooks/teardown.yml")
     assert again.status == "successful"
     assert again.count("changed", host.name) == 0, again.stdout[-3000:]
+
+
+def test_site_with_engine_vllm_in_the_inventory_deploys_and_verifies_vllm_and_ci_reports_it(host, tmp_path):
+    host.write_inventory(inventory_vars(host, engine="vllm"))
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/ci_playbook.py"), "playbooks/site.yml", "-i", str(host.inventory),
+         "--artifacts", str(tmp_path), "--ident", "site", "--skip-tags", "provision"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert host.unit("vllm.service")["ActiveState"] == "active"
+    assert host.unit("sglang.service")["ActiveState"] == "inactive"
+    assert host.state()["current"].startswith("vllm-") and host.state()["status"] == "serving"
+    summary = json.loads((tmp_path / "site" / "summary.json").read_text())
+    report_dir = Path(summary["hosts"]["bws-it-engine"]["verify_report"])
+    assert report_dir.parent == host.workdir / "reports" / "bws-it-engine", summary
+    assert json.loads((report_dir / "report.json").read_text())["engine"] == "vllm"

@@ -22,6 +22,7 @@ from verify_helpers import (
     run_bench_double,
     run_playbook,
     write_inventory,
+    write_serving_state,
 )
 
 pytestmark = pytest.mark.integration
@@ -114,7 +115,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
             "output_throughput": {str(level): value for level, value in baseline.items()}}))
         report_root = work / "artifacts"
         hosts = {
-            name: _host(doubles[source], tokenizer, report_root, **extra)
+            name: _host(doubles[source], tokenizer, report_root, work / name, **extra)
             for name, source, extra in (
                 ("slow", "slow", {"verify_baselines": {"p": baseline}, "verify_min_accept_rate": 0.3}),
                 ("fast", "fast", {"verify_baseline": str(baseline_file)}),
@@ -189,27 +190,14 @@ def _wait_healthy(double: EngineDouble) -> None:
     raise TimeoutError(f"{double.name} never became healthy")
 
 
-def _host(double: EngineDouble, tokenizer: Path, report_root: Path, **extra: object) -> dict:
-    steps = double.num_steps
-    speculative = (
-        {"algorithm": "EAGLE3", "num_steps": steps, "eagle_topk": 1, "num_draft_tokens": steps + 1}
-        if double.speculative
-        else None
-    )
+def _host(double: EngineDouble, tokenizer: Path, report_root: Path, state_dir: Path, **extra: object) -> dict:
     command = [sys.executable, str(BENCH_DOUBLE)] + (["bench", "serve"] if double.flavour == "vllm" else [])
+    write_serving_state(state_dir, double, tokenizer, "p")
     return {
-        "engine": double.flavour,
-        "engine_profile": "p",
-        "engine_profiles": {
-            "p": {
-                "port": double.port,
-                "served_model_name": double.served_name,
-                "tensor_parallel_size": 1,
-                "model": {"path": str(tokenizer)},
-                "drafter": {"path": str(tokenizer)} if speculative else None,
-                "speculative": speculative,
-            }
-        },
+        # What serves is read from the host's state (each scenario its own); the test runs as the user that
+        # owns it (no sudo on a CI box).
+        "engine_service_state_dir": str(state_dir),
+        "ansible_become": False,
         "verify_bench_command": command,
         "verify_concurrency": LEVELS,
         "verify_gate_concurrency": GATED,

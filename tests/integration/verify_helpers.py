@@ -208,6 +208,23 @@ def run_bench_double(
     return json.loads(out.read_text().splitlines()[-1])
 
 
+def write_serving_state(state_dir: Path, double: EngineDouble, tokenizer: Path, profile: str) -> None:
+    """state.json and release.json as a deploy of `double` leaves them (roles/engine_service): verify.yml
+    reads what serves from the host."""
+    release_id = f"{double.flavour}-{double.name}"
+    release = {
+        "id": release_id, "engine": double.flavour, "engine_version": "test-double", "profile": profile,
+        "unit": f"{double.flavour}.service", "port": double.port, "listen_address": "127.0.0.1",
+        "base_url": double.base_url, "served_model_name": double.served_name, "tokenizer": str(tokenizer),
+        "trust_remote_code": False, "speculative": double.speculative,
+        "speculative_num_steps": double.num_steps if double.speculative else 0, "speculative_settings": {},
+        "venv": f"/opt/{double.flavour}/venv",
+    }
+    (state_dir / "releases" / release_id).mkdir(parents=True, exist_ok=True)
+    (state_dir / "releases" / release_id / "release.json").write_text(json.dumps(release, indent=2))
+    (state_dir / "state.json").write_text(json.dumps({"current": release_id, "previous": None, "status": "serving"}))
+
+
 def write_inventory(path: Path, hosts: dict[str, dict]) -> None:
     """Inventory of local-connection hosts in group gpu_servers (each host a scenario)."""
     common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}

@@ -1,0 +1,96 @@
+"""state.json transitions (roles/engine_service/filter_plugins/release_state.py): what a switch, a rollback, an
+interrupted deploy and a teardown leave behind, and which release directories are pruned."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location(
+    "release_state", REPO / "roles/engine_service/filter_plugins/release_state.py")
+rs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rs)
+
+SERVING = {"current": "sglang-a", "previous": "vllm-p", "status": "serving"}
+
+
+def test_a_state_written_before_status_existed_reads_as_serving():
+    assert rs.release_state({"current": "sglang-a", "previous": None}) == {
+        "current": "sglang-a", "previous": None, "status": "serving"}
+    assert rs.release_state(None) == {"current": None, "previous": None, "status": "stopped"}
+
+
+def test_an_unknown_status_is_refused():
+    with pytest.raises(ValueError, match="unknown status 'weird'"):
+        rs.release_state({"current": "a", "status": "weird"})
+
+
+def test_a_successful_switch_keeps_what_served_as_previous():
+    switching = rs.release_state_switching(SERVING, "sglang-b")
+    assert switching == {"current": "sglang-b", "previous": "sglang-a", "status": "switching"}
+    assert rs.release_state_serving(SERVING, "sglang-b") == {
+        "current": "sglang-b", "previous": "sglang-a", "status": "serving"}
+
+
+def test_an_interrupted_deploy_claims_nothing_serves_and_its_rerun_finishes_it():
+    interrupted = rs.release_state_switching(SERVING, "sglang-b")
+    assert interrupted["status"] != "serving"
+    # The re-run of the same deploy: the rollback target is still the last release that served.
+    assert rs.release_rollback_target(interrupted, "sglang-b") == "sglang-a"
+    assert rs.release_state_serving(interrupted, "sglang-b") == {
+        "current": "sglang-b", "previous": "sglang-a", "status": "serving"}
+    # A different deploy after the interruption never names the unconfirmed release as a rollback target.
+    assert rs.release_rollback_target(interrupted, "sglang-c") == "sglang-a"
+    assert rs.release_state_serving(interrupted, "sglang-c")["previous"] == "sglang-a"
+
+
+def test_a_rollback_keeps_the_previous_release_of_the_one_it_went_back_to():
+    after = rs.release_state_rolled_back(SERVING, "sglang-a", "sglang-b")
+    assert after == {"current": "sglang-a", "previous": "vllm-p", "status": "serving", "failed": "sglang-b"}
+
+
+def test_a_failed_redeploy_of_the_current_release_goes_back_to_previous_and_never_to_itself():
+    assert rs.release_rollback_target(SERVING, "sglang-a") == "vllm-p"
+    after = rs.release_state_rolled_back(SERVING, "vllm-p", "sglang-a")
+    assert after["current"] == "vllm-p" and after["previous"] is None
+
+
+def test_nothing_to_roll_back_to_on_a_fresh_host():
+    assert rs.release_rollback_target(rs.release_state(None), "sglang-a") is None
+    first = rs.release_state_switching(None, "sglang-a")
+    assert rs.release_rollback_target(first, "sglang-a") is None
+
+
+def test_teardown_records_stopped_and_keeps_the_release_to_come_back_to():
+    stopped = rs.release_state_stopped({**SERVING, "failed": "x"})
+    assert stopped == {"current": "sglang-a", "previous": "vllm-p", "status": "stopped"}
+    assert rs.release_state_stopped(stopped) == stopped, "a second teardown changes nothing"
+    assert rs.release_rollback_target(stopped, "sglang-b") == "sglang-a"
+    # Teardown after an interrupted deploy: the unconfirmed release is not kept as current.
+    interrupted = rs.release_state_switching(SERVING, "sglang-b")
+    assert rs.release_state_stopped(interrupted) == {"current": "sglang-a", "previous": None, "status": "stopped"}
+
+
+def dirs(*names_mtimes):
+    return [{"path": f"/var/lib/llm-serving/releases/{n}", "mtime": m} for n, m in names_mtimes]
+
+
+def test_pruning_keeps_the_newest_besides_current_and_previous():
+    found = dirs(("r1", 1), ("r2", 2), ("r3", 3), ("r4", 4), ("r5", 5))
+    assert rs.releases_to_prune(found, 1, ["r5", "r4"]) == [
+        "/var/lib/llm-serving/releases/r2", "/var/lib/llm-serving/releases/r1"]
+
+
+def test_pruning_never_removes_current_or_previous_however_old():
+    found = dirs(("current", 1), ("previous", 2), ("r3", 3), ("r4", 4))
+    assert rs.releases_to_prune(found, 0, ["current", "previous", None]) == [
+        "/var/lib/llm-serving/releases/r4", "/var/lib/llm-serving/releases/r3"]
+    assert rs.releases_to_prune(found, 5, ["current", "previous"]) == []
+
+
+def test_pruning_refuses_a_negative_count():
+    with pytest.raises(ValueError, match="0 or more"):
+        rs.releases_to_prune([], -1, [])
