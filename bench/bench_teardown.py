@@ -74,6 +74,10 @@ def run_teardown(inventory: Path, extravars: Path, playbook: str = "playbooks/te
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
+    if os.environ.get("BWS_BENCH_LOG_DIR"):  # keep the playbook output (per-task times from profile_tasks)
+        log_dir = Path(os.environ["BWS_BENCH_LOG_DIR"])
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"{Path(playbook).stem}-{time.time_ns()}.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     module = re.search(r"elapsed ([0-9.]+) s", proc.stdout)
     changed = re.search(r"localhost\s*:.*changed=(\d+)", proc.stdout)
