@@ -148,15 +148,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     try:
         idle = be.snapshot()
-        monitor_spec, monitor_env = be.nvml()
-        foreign_spec, foreign_env = be.compute(256)
-        fixed = be.start(
-            {
-                "monitor": (["python3", "gpu_monitor.py"], monitor_spec, monitor_env),
-                "foreign": (["python3", "train.py"], foreign_spec, foreign_env),
-            }
-        )
-        bystanders = [fixed["monitor"][0], fixed["foreign"][0]]
+        bystanders = be.start_bystanders()
         idle = be.snapshot()  # the bystanders' memory is the new floor
         for rep in range(args.reps):
             for scenario in ("term", "ignore"):

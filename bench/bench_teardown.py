@@ -196,15 +196,7 @@ def main() -> int:
     extravars.write_text(json.dumps(be.extravars(gpu_release_service_users=["root"], gpu_release_grace_s=2)))
     rows: list[dict[str, Any]] = []
     try:
-        monitor_spec, monitor_env = be.nvml()
-        foreign_spec, foreign_env = be.compute(256)
-        fixed = be.start(
-            {
-                "monitor": (["python3", "gpu_monitor.py"], monitor_spec, monitor_env),
-                "foreign": (["python3", "train.py"], foreign_spec, foreign_env),
-            }
-        )
-        bystanders = [fixed["monitor"][0], fixed["foreign"][0]]
+        bystanders = be.start_bystanders()
         run_teardown(inventory, extravars)  # warm the page cache: every repetition then starts alike
         empty = write_empty_play(work)
         for rep in range(args.reps):

@@ -87,6 +87,16 @@ class Backend:
         }
         return {name: wait_ready(proc) for name, proc in started.items()}
 
+    def start_bystanders(self, foreign_mib: int = 256) -> list[int]:
+        """An NVML-only monitor and a foreign CUDA process, which no release may signal: [monitor, foreign]."""
+        started = self.start(
+            {
+                "monitor": (["python3", "gpu_monitor.py"], *self.nvml()),
+                "foreign": (["python3", "train.py"], *self.compute(foreign_mib)),
+            }
+        )
+        return [started["monitor"][0], started["foreign"][0]]
+
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
