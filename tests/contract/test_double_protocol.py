@@ -34,13 +34,8 @@ API_KEY = "double-contract-key"
 PROFILES = yaml.safe_load(MODELS_FILE.read_text(encoding="utf-8"))["engine_profiles"]
 SPEC_PROFILE = next(name for name, p in PROFILES.items() if p.get("speculative"))
 
-# Validate each (model class name, JSON body) pair with SGLang's protocol model. `ignored` lists keys of
-# the body the model does not know (pydantic drops them silently: the double would be sending noise).
-VALIDATE_CODE = r"""
-import json, sys
-from pydantic import BaseModel, ValidationError
-import sglang.srt.entrypoints.openai.protocol as protocol
-
+# Keys of a body that its pydantic model does not know (pydantic drops them silently), for the programs below.
+IGNORED_KEYS_CODE = r'''
 def ignored_keys(model, data, path=""):
     if isinstance(model, BaseModel) and isinstance(data, dict):
         found = []
@@ -53,7 +48,16 @@ def ignored_keys(model, data, path=""):
     if isinstance(model, list) and isinstance(data, list):
         return [k for i, (m, d) in enumerate(zip(model, data)) for k in ignored_keys(m, d, f"{path}{i}.")]
     return []
+'''
 
+# Validate each (model class name, JSON body) pair with SGLang's protocol model. `ignored` lists keys of
+# the body the model does not know (pydantic drops them silently: the double would be sending noise).
+VALIDATE_CODE = r"""
+import json, sys
+from pydantic import BaseModel, ValidationError
+import sglang.srt.entrypoints.openai.protocol as protocol
+
+""" + IGNORED_KEYS_CODE + r"""
 def validate(pairs):
     results = {}
     for name, body in pairs:
@@ -295,19 +299,7 @@ STREAM_VALIDATE_CODE = r"""
 import importlib, json, sys
 from pydantic import BaseModel, ValidationError
 
-def ignored_keys(model, data, path=""):
-    if isinstance(model, BaseModel) and isinstance(data, dict):
-        found = []
-        for key, value in data.items():
-            if key not in type(model).model_fields:
-                found.append(f"{path}{key}")
-            else:
-                found += ignored_keys(getattr(model, key), value, f"{path}{key}.")
-        return found
-    if isinstance(model, list) and isinstance(data, list):
-        return [k for i, (m, d) in enumerate(zip(model, data)) for k in ignored_keys(m, d, f"{path}{i}.")]
-    return []
-
+""" + IGNORED_KEYS_CODE + r"""
 request = json.loads(sys.stdin.read())
 classes = {name: getattr(importlib.import_module(module), name) for name, module in request["models"].items()}
 results = []
