@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -49,14 +49,18 @@ def _build_venv() -> tuple[Path | None, str]:
     return Path(lines[-1]), ""
 
 
+def unavailable(message: str) -> NoReturn:
+    """What a contract test does when something it needs cannot be had here: skip, but fail under CI."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def contract_python() -> Path:
     """The contract venv's python; skips (fails under CI) when the venv cannot be built."""
     venv, reason = _build_venv()
     if venv is None:
-        message = f"the SGLang contract venv cannot be built: {reason}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"the SGLang contract venv cannot be built: {reason}")
     return venv / "bin" / "python"
 
 
