@@ -17,8 +17,9 @@ find_python() {
   for candidate in "${BWS_PYTHON:-}" python3.14 python3.13 python3.12 python3 $(_managed_pythons); do
     [ -n "$candidate" ] || continue
     # ensurepip: Debian/Ubuntu split it into pythonX.Y-venv, without which `-m venv` fails
+    # The base interpreter, never a venv's (the project venv's bin is on PATH, and is rebuilt from it).
     if "$candidate" -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
-      command -v "$candidate" 2>/dev/null || echo "$candidate"
+      "$candidate" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))'
       return 0
     fi
   done

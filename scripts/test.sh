@@ -2,7 +2,8 @@
 # The project's one test command (README, .ci/run). Installs what it needs, then runs, failing on
 # the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
 # module, pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
-# engine lifecycle scenarios (faults, rollback, secrets) on one shared booted systemd host.
+# engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
+# Test files run two (hosts: three) at a time with pytest-xdist; image and contract venvs build in the background.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
 # (-v) and Molecule one line per scenario step and task, so a long stage shows where it is. The run ends with
 # the stage times and a pytest-style "N passed, N failed" line.
@@ -10,7 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
 RESULTS=$(mktemp -d)
-trap 'rm -rf "$RESULTS"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$RESULTS"' EXIT  # jobs: the background stages, on an early stop
 declare -a STAGE_TIMES=()
 
 summary() {
@@ -58,28 +59,65 @@ pytest_stage() {  # pytest_stage NAME ARGS...
   pytest -v -p no:cacheprovider --junitxml="$RESULTS/$name.xml" "$@"
 }
 
-run_molecule() {
-  local scenario start
+run_molecule() {  # the scenarios side by side (hosts of their own), each line prefixed with its scenario
+  local scenario rc=0 pid
+  local -a pids=()
   for scenario in ${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}; do
     [ -f "molecule/$scenario/molecule.yml" ] || continue
     stage "molecule test -s $scenario"
-    start=$(date +%s)
-    BWS_JUNIT="$RESULTS/molecule-$scenario.xml" molecule test -s "$scenario" || return 1
-    printf '### molecule scenario %s: ok in %ss\n' "$scenario" "$(( $(date +%s) - start ))"
+    (
+      start=$(date +%s); status=0
+      BWS_JUNIT="$RESULTS/molecule-$scenario.xml" molecule test -s "$scenario" 2>&1 | sed -u "s/^/[$scenario] /" \
+        || status=$?
+      printf '### molecule scenario %s: %s in %ss\n' "$scenario" "$([ $status -eq 0 ] && echo ok || echo FAILED)" \
+        "$(( $(date +%s) - start ))"
+      exit "$status"
+    ) &
+    pids+=($!)
   done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return "$rc"
 }
 
+# Downloads and installs that only later stages need (the test-host image, the contract venvs) run in the
+# background while the lint and unit stages use the CPU; the stage that needs one waits for it and prints its log.
+declare -A BACKGROUND=()
+start_background() {  # start_background NAME COMMAND...
+  local name=$1; shift
+  printf '### %s: started in the background\n' "$name"
+  ( start=$(date +%s); rc=0; "$@" > "$RESULTS/$name.log" 2>&1 || rc=$?
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" > "$RESULTS/$name.done"; exit "$rc" ) &
+  BACKGROUND[$name]=$!
+}
+await_background() {  # await_background NAME: its log, its own duration, its status
+  local name=$1 rc=0 took
+  wait "${BACKGROUND[$name]}" || rc=$?
+  sed "s/^/[$name] /" "$RESULTS/$name.log"
+  took=$(cut -f3 "$RESULTS/$name.done" 2>/dev/null || echo "?")
+  printf '### %s (background): %s in %ss\n' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$took"
+  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name (background)" "$took" "$([ $rc -eq 0 ] && echo ok || echo FAILED)")")
+  return "$rc"
+}
+
+# Test files that boot hosts of their own run side by side, one file per worker (module-scoped hosts).
+PARALLEL=(-n "${BWS_TEST_WORKERS:-2}" --dist loadfile)
+
 run_stage bootstrap bash scripts/bootstrap.sh
-run_stage image bash scripts/build-image.sh
+start_background image bash scripts/build-image.sh
+[ -d tests/contract ] && start_background contract-venvs python tests/contract/prepare_venvs.py
 run_stage yamllint yamllint --strict .
 run_stage ansible-lint ansible-lint --strict -q
 run_stage ruff ruff check .
 run_stage syntax-check syntax_check
 run_stage ansible-doc module_docs
-run_stage pytest pytest_stage pytest -m "not container" tests/unit tests/integration
+run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
 if [ -d tests/contract ]; then
-  run_stage contracts pytest_stage contracts tests/contract
+  run_stage contract-venvs await_background contract-venvs
+  run_stage contracts pytest_stage contracts "${PARALLEL[@]}" tests/contract
 fi
+run_stage image await_background image
 run_stage molecule run_molecule
-run_stage host-scenarios pytest_stage host-scenarios -m container tests/integration
+# Three hosts of their own (lifecycle, faults, fleet): a worker each.
+run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-3}" --dist loadfile -m container \
+  tests/integration
 summary 0

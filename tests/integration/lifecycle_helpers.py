@@ -1,0 +1,77 @@
+"""Shared by the engine lifecycle scenarios (test_engine_lifecycle.py, test_engine_faults.py): the test
+inventory, a booted host per scenario file, deploys and the checks both files make. Each scenario file has
+a host of its own, so that the two run side by side (pytest-xdist, one file per worker)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+from tests.integration.engine_host import REPO, EngineHost
+
+API_KEY = "k3y-%s3cr3t$HOME-\"q'"  # quotes, % and $ must survive every layer unexpanded
+SANDBOX_PROFILES = yaml.safe_load((REPO / "inventory/sandbox/group_vars/all/models.yml").read_text())
+
+# A small benchmark, so verify.yml and site.yml run with nothing on the command line in seconds.
+SMALL_VERIFY = {"verify_concurrency": [1], "verify_gate_concurrency": [1], "verify_bench_input_len": 16,
+                "verify_bench_output_len": 32, "verify_bench_min_prompts": 4, "verify_bench_prompts_per_concurrency": 2,
+                "verify_bench_warmup_requests": 0}
+
+
+def build_profiles() -> dict:
+    profiles = copy.deepcopy(SANDBOX_PROFILES["engine_profiles"])
+    missing = copy.deepcopy(profiles["sandbox-tiny-eagle3"])
+    missing["model"]["path"] = "/srv/models/sandbox/not-downloaded"
+    stranger_port = copy.deepcopy(profiles["sandbox-tiny"])
+    stranger_port["port"] = 31000
+    pcie_ipc = {**copy.deepcopy(profiles["sandbox-tiny"]), "sglang_pcie_ipc_allreduce": True}
+    pcie_ipc_tp1 = copy.deepcopy(pcie_ipc)
+    pcie_ipc["tensor_parallel_size"] = 2
+    profiles.update({"sandbox-missing-model": missing, "sandbox-port-31000": stranger_port,
+                     "sandbox-pcie-ipc-tp2": pcie_ipc, "sandbox-pcie-ipc-tp1": pcie_ipc_tp1})
+    return profiles
+
+
+def inventory_vars(host: EngineHost, **more) -> dict:
+    return {"engine_profiles": build_profiles(), "sglang_api_key": API_KEY, "vllm_api_key": API_KEY,
+            **SMALL_VERIFY, "verify_report_dir": str(host.workdir / "reports"), **more}
+
+
+def booted_engine_host(name: str, workdir: Path) -> Iterator[EngineHost]:
+    """A prepared sandbox-image host named `name` (a module fixture's body); destroyed afterwards."""
+    engine_host = EngineHost(name, workdir)
+    engine_host.write_inventory(inventory_vars(engine_host))
+    engine_host.boot()
+    prepared = engine_host.run_playbook("tests/sandbox/prepare_host.yml")
+    assert prepared.status == "successful", prepared.stdout[-2000:]
+    yield engine_host
+    engine_host.destroy()
+
+
+def deploy(host: EngineHost, runs: list, playbook: str, **extravars):
+    run = host.run_playbook(f"playbooks/{playbook}", extravars=extravars)
+    runs.append(run)
+    return run
+
+
+def main_pid(host: EngineHost, unit: str = "sglang.service") -> str:
+    return host.unit(unit)["MainPID"]
+
+
+def release(host: EngineHost, release_id: str) -> dict:
+    return json.loads(host.sh(f"cat /var/lib/llm-serving/releases/{release_id}/release.json"))
+
+
+def assert_api_key_nowhere(host: EngineHost, runs: list) -> None:
+    """The API key is in no process argument, unit file, journal line or runner artifact of `runs`."""
+    assert API_KEY not in host.sh("ps -eo args")
+    assert API_KEY not in host.sh("cat /etc/systemd/system/*.service")
+    assert API_KEY not in host.sh("journalctl --no-pager -o cat")
+    for run in runs:
+        for artifact in Path(run.artifact_dir).rglob("*"):
+            if artifact.is_file():
+                assert API_KEY not in artifact.read_text(errors="replace"), artifact

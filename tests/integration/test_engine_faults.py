@@ -1,0 +1,305 @@
+"""Fault cases on one booted systemd host of their own: refused deploys that leave the engine untouched,
+failed starts and gates that roll back, hangs, deadlocks, an interrupted deploy. The engine is the ENGINE
+TEST DOUBLE. The tests share the host and run in file order; each states the host it leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.engine_host import REPO, EngineHost, podman, podman_available
+from tests.integration.lifecycle_helpers import assert_api_key_nowhere, booted_engine_host, deploy, main_pid
+
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.skipif(not podman_available(), reason="needs podman and the test-host image (scripts/build-image.sh)"),
+]
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    yield from booted_engine_host("bws-it-faults", tmp_path_factory.mktemp("faults-host"))
+
+
+@pytest.fixture(scope="module")
+def runs() -> list:
+    return []
+
+
+def test_sglang_serves_with_a_vllm_release_before_it(host, runs):
+    """The host every fault case starts from: SGLang serves, a vLLM release served before it."""
+    for playbook in ("deploy_vllm.yml", "deploy_sglang.yml"):
+        run = deploy(host, runs, playbook)
+        assert run.status == "successful", run.stdout[-3000:]
+    state = host.state()
+    assert state["current"].startswith("sglang-") and state["previous"].startswith("vllm-")
+    assert host.health() == 200
+
+
+def test_missing_model_fails_preflight_and_leaves_the_engine_untouched(host, runs):
+    pid = main_pid(host)
+    run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-missing-model")
+    assert run.status == "failed"
+    assert "/srv/models/sandbox/not-downloaded" in run.stdout
+    assert "Activate |" not in run.stdout
+    assert main_pid(host) == pid and host.health() == 200
+
+
+def test_port_taken_by_a_stranger_is_named_and_the_stranger_lives(host, runs):
+    stranger = subprocess.Popen(
+        ["podman", "exec", host.name, "python3", "-m", "http.server", "31000", "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        host.sh("for i in $(seq 50); do ss -ltn | grep -q :31000 && exit 0; sleep 0.1; done; exit 1")
+        pid = main_pid(host)
+        run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-port-31000")
+        assert run.status == "failed"
+        assert "port 31000 is taken by a process this deploy does not own" in run.stdout
+        assert "http.server" in run.stdout
+        assert host.sh("ss -ltn | grep -c :31000") == "1"
+        assert main_pid(host) == pid and host.health() == 200
+    finally:
+        stranger.terminate()
+        host.sh("pkill -f 'http.server 31000' || true", check=False)
+
+
+GPU_DOUBLE = "/tmp/bws-gpu-double"  # the NVIDIA-SMI TEST DOUBLE and stand-in device files on the test host
+
+
+def install_gpu_double(host: EngineHost, tmp_path: Path) -> dict:
+    """The 8-GPU simulator on the host (stand-in /dev/nvidia*, driver /proc fixture); the gpu_release_* vars."""
+    from tests.integration.gpu_helpers import DOUBLES, RTX8, Sim
+
+    gpus = Sim(tmp_path / "sim").gpus
+    config = tmp_path / "sim.json"
+    config.write_text(json.dumps({"dev_dir": f"{GPU_DOUBLE}/dev", "driver_version": "580.105.08", "gpus": gpus}))
+    wrapper = tmp_path / "nvidia-smi"
+    double = f"{GPU_DOUBLE}/nvidia_smi_double.py --config {GPU_DOUBLE}/sim.json"
+    wrapper.write_text(f'#!/bin/sh\nexec python3 {double} "$@"\n')
+    wrapper.chmod(0o755)
+    host.sh(f"rm -rf {GPU_DOUBLE}; mkdir -p {GPU_DOUBLE}/dev && cd {GPU_DOUBLE}/dev && "
+            "touch nvidia0 nvidia1 nvidia2 nvidia3 nvidia4 nvidia5 nvidia6 nvidia7 nvidiactl nvidia-uvm")  # fmt: skip
+    for source, dest in [(DOUBLES / "nvidia_smi_double.py", "nvidia_smi_double.py"), (config, "sim.json"),
+                         (wrapper, "nvidia-smi"), (RTX8 / "proc-driver-nvidia", "proc-driver-nvidia")]:  # fmt: skip
+        subprocess.run(["podman", "cp", str(source), f"{host.name}:{GPU_DOUBLE}/{dest}"], check=True)
+    return {
+        "gpu_release_nvidia_smi": f"{GPU_DOUBLE}/nvidia-smi",
+        "gpu_release_driver_proc_dir": f"{GPU_DOUBLE}/proc-driver-nvidia",
+        "gpu_release_dev_dir": f"{GPU_DOUBLE}/dev",
+    }
+
+
+def test_a_foreign_gpu_holder_on_a_needed_gpu_fails_the_deploy_before_the_switch(host, runs, tmp_path):
+    gpu_vars = install_gpu_double(host, tmp_path)
+    # A stranger's CUDA process on GPU 0 (device minor 2 on the constructed host), 4 GiB, as root.
+    holder = f"import time; f=[open('{GPU_DOUBLE}/dev/nvidia2'), open('{GPU_DOUBLE}/dev/nvidia-uvm')]; time.sleep(600)"
+    podman("exec", "-d", "-e", "NVSIM_MEM_MIB=2:4096", host.name, "python3", "-c", holder)
+    try:
+        find = "pgrep -f '[/]tmp/bws-gpu-double/dev/nvidia2'"  # [/]: never matches the shell running pgrep
+        stranger = host.sh(f"for i in $(seq 50); do {find} && exit 0; sleep 0.1; done")
+        assert host.sh(f"{GPU_DOUBLE}/nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits") == stranger
+        pid = main_pid(host)
+        run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-tiny", **gpu_vars)
+        assert run.status == "failed"
+        assert f"foreign processes use the GPUs (not signalled): PID {stranger} (python3 -c import time" in run.stdout
+        assert "on GPUs [0]" in run.stdout and "nothing was stopped, signalled or removed" in run.stdout
+        assert "Activate |" not in run.stdout
+        assert main_pid(host) == pid and host.health() == 200
+        assert host.sh(f"kill -0 {stranger} && echo alive") == "alive"
+    finally:
+        host.sh(f"pkill -f '{GPU_DOUBLE}/dev/nvidia2' || true", check=False)
+
+
+def test_missing_engine_binary_is_caught_before_the_switch(host, runs):
+    pid = main_pid(host)
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_executable="/opt/sglang/venv/bin/sglang-missing")
+    assert run.status == "failed"
+    assert "sglang-missing" in run.stdout and "is not executable" in run.stdout
+    assert main_pid(host) == pid and host.health() == 200
+
+
+def test_an_argument_check_that_cannot_run_stops_the_deploy_before_the_switch(host, runs):
+    # The checker is the role's real one; the sandbox host has no SGLang for it to import, so it fails for
+    # real (exit 1). The rejection of a misspelled flag (exit 2) is proven with the real parsers in tests/contract.
+    pid = main_pid(host)
+    releases = host.sh("ls /var/lib/llm-serving/releases")
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_argcheck=True, sglang_python="/usr/bin/python3",
+                 sglang_extra_options={"log-level": "debug"})
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    assert "the argument check of sglang 0.5.23 could not run (exit 1)" in flat
+    assert "as user sglang (HF_HUB_OFFLINE=1)" in flat, "the check runs as the service user, Hub offline"
+    assert "Nothing that serves now was touched" in flat
+    assert host.sh("ls /var/lib/llm-serving/releases") == releases, "the rejected release directory is removed"
+    assert main_pid(host) == pid and host.health() == 200
+
+
+def test_a_deploy_whose_verify_gate_fails_rolls_back_and_the_previous_release_serves(host, runs, tmp_path):
+    before = host.state()["current"]
+    # The double made slower with speculation than the recorded baseline: 0.66x at concurrency 1.
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_gate="full",
+                 sglang_extra_environment={"ENGINE_DOUBLE_TOKENS_PER_S": "50", "ENGINE_DOUBLE_ACCEPT_RATE": "0.15",
+                                           "ENGINE_DOUBLE_SPEC_COST": "1.78"},
+                 verify_baselines={"sandbox-tiny-eagle3": {"1": 49.0}}, verify_concurrency=[1],
+                 verify_gate_concurrency=[1], verify_bench_input_len=16, verify_bench_output_len=32,
+                 verify_bench_min_prompts=4, verify_bench_prompts_per_concurrency=2, verify_bench_warmup_requests=0,
+                 verify_report_dir=str(tmp_path / "reports"))
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    assert re.search(r"speed-up 0\.[5-7]\dx at concurrency 1 is below the 1\.00x minimum", flat), flat[-3000:]
+    assert f"Rolled back: {before} is serving again" in flat
+    assert host.state()["current"] == before and host.health() == 200
+    assert list((tmp_path / "reports").rglob("report.md")), "the failing gate still wrote its report"
+
+
+def test_after_a_rollback_the_state_names_current_and_previous_as_before(host, runs):
+    before = host.state()
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
+    assert run.status == "failed"
+    assert "auto-restart" in run.stdout or "unit is failed" in run.stdout, run.stdout[-3000:]
+    assert f"Rolled back: {before['current']} is serving again" in " ".join(run.stdout.split())
+    after = host.state()
+    assert after["previous"] is not None and after["previous"].startswith("vllm-")
+    assert {k: after[k] for k in ("current", "previous", "status")} == {
+        "current": before["current"], "previous": before["previous"], "status": "serving"}
+    assert after["failed"].startswith("sglang-") and after["failed"] != before["current"]
+    assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
+
+
+def test_garbage_output_rolls_back_naming_the_reply(host, runs):
+    before = host.state()["current"]
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "garbage-output"})
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    assert re.search(r"the smoke answer is wrong: asked 'What is \d{3} \+ \d{3}\? Reply with the number only\.', "
+                     r"expected \d+; got HTTP 200 .* content 'foss foss foss", flat), flat[-3000:]
+    assert f"Rolled back: {before} is serving again" in flat
+    assert host.state()["current"] == before and host.health() == 200
+
+
+def started_at(host: EngineHost, since: float, unit: str = "sglang.service") -> list[float]:
+    """Times (host clock, epoch seconds) at which systemd started `unit` since `since`."""
+    lines = host.sh(f"journalctl -u {unit} -o short-unix --no-pager --since @{since:.0f} | grep -E 'Started '")
+    return [float(line.split()[0]) for line in lines.splitlines()]
+
+
+def test_deadlock_on_generate_with_default_timeouts_rolls_back_within_stall_plus_smoke_timeout(host, runs):
+    """The reference host's failure: the engine loads, then no generation ever finishes. SGLang's /health
+    generates, so it answers 503 after the health-check timeout (20 s, the double's default as SGLang's),
+    exactly as while loading. No timeout is set here: the sandbox inventory's stall timeout and the verify
+    role's smoke timeout apply; the previous release must serve again within their sum + 10 %."""
+    sandbox = yaml.safe_load((REPO / "inventory/sandbox/group_vars/all/sandbox.yml").read_text())
+    verify_defaults = yaml.safe_load((REPO / "roles/verify/defaults/main.yml").read_text())
+    bound_s = 1.1 * (sandbox["sglang_stall_timeout_s"] + verify_defaults["verify_smoke_timeout_s"])
+    before = host.state()["current"]
+    since = float(host.sh("date +%s")) - 1
+    run = deploy(host, runs, "deploy_sglang.yml",
+                 sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "deadlock-on-generate"})
+    serving_again = float(host.sh("date +%s.%N"))
+    assert run.status == "failed"
+    assert host.health() == 200 and host.state()["current"] == before
+    flat = " ".join(run.stdout.split())
+    assert f"Rolled back: {before} is serving again" in flat
+    stall = re.search(r"stalled: sglang\.service wrote no journal line and was not ready for (\d+\.\d) s "
+                      r"\(stall timeout (\d+) s; last answer: ", flat)
+    assert stall, flat[-3000:]
+    assert int(stall.group(2)) == sandbox["sglang_stall_timeout_s"]
+    assert "Health check failed" in flat  # the journal tail: /health generated and answered 503 after 20 s
+    failed_start, rollback_start = started_at(host, since)[-2:]
+    assert rollback_start > failed_start
+    took = serving_again - failed_start
+    assert took <= bound_s, f"the previous release served again {took:.1f} s after the deadlocked one started"
+    print(f"deadlock-on-generate: previous release serves again {took:.1f} s after the failed start "
+          f"(stall fired after {stall.group(1)} s; bound {bound_s:.0f} s)")
+
+
+def test_hang_ends_at_the_readiness_timeout_with_the_journal_and_rolls_back(host, runs):
+    before = host.state()["current"]
+    run = deploy(
+        host,
+        runs,
+        "deploy_sglang.yml",
+        sglang_ready_timeout_s=4,
+        sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "hang"},
+    )
+    assert run.status == "failed"
+    flat = run.stdout.replace("\n", " ")
+    assert re.search(r"not ready after 4\.\d s \(timeout 4 s; last answer: ", flat), flat[-3000:]
+    assert "fault=hang" in flat  # the journal tail of the hung release
+    assert host.state()["current"] == before and host.health() == 200
+
+
+def test_failed_vllm_deploy_rolls_back_to_the_sglang_release(host, runs):
+    before = host.state()["current"]
+    run = deploy(host, runs, "deploy_vllm.yml", vllm_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
+    assert run.status == "failed"
+    assert host.unit("vllm.service")["UnitFileState"] == "disabled"
+    assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
+    assert host.state()["current"] == before
+
+
+def interrupted_deploy(host: EngineHost, playbook: str, extravars: dict, interrupt_when) -> None:
+    """Run a deploy and kill its controller (SIGKILL, as a lost terminal or CI runner) once interrupt_when()
+    holds. The controller starts a session of its own and the kill goes to that session's process group only,
+    so it reaches nothing this test did not start. (Not a private PID namespace: podman judges whether a
+    container's conmon lives by its host PID, which a PID namespace would hide.)"""
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(host.inventory),
+               str(REPO / playbook), "-e", json.dumps(extravars)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    controller = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not interrupt_when():
+            assert controller.poll() is None, "the deploy ended before it could be interrupted"
+            assert time.monotonic() < deadline, "the deploy never reached the point to interrupt"
+            time.sleep(0.5)
+    finally:
+        if controller.poll() is None:
+            os.killpg(controller.pid, signal.SIGKILL)
+        controller.wait()
+
+
+def test_an_interrupted_deploy_claims_nothing_serves_and_its_rerun_finishes_it_and_prunes(host, runs):
+    before = host.state()
+    releases_before = host.sh("ls /var/lib/llm-serving/releases").split()
+    old_pid = main_pid(host)
+    # The double takes 25 s to answer /health: the controller is killed while it waits.
+    slow = {"sglang_extra_environment": {"ENGINE_DOUBLE_START_S": "25"}}
+
+    def started() -> bool:
+        state = json.loads(host.sh("cat /var/lib/llm-serving/state.json"))
+        return state.get("status") == "switching" and main_pid(host) not in ("0", old_pid)
+
+    interrupted_deploy(host, "playbooks/deploy_sglang.yml", slow, started)
+    state = host.state()
+    assert state["status"] == "switching", state
+    assert state["current"] != before["current"] and state["previous"] == before["current"]
+    started_pid = main_pid(host)
+
+    run = deploy(host, runs, "deploy_sglang.yml", engine_service_keep_releases=1, **slow)
+    assert run.status == "successful", run.stdout[-3000:]
+    assert main_pid(host) == started_pid, "the re-run finished the deploy without restarting the engine"
+    assert host.state() == {"current": state["current"], "previous": before["current"], "status": "serving"}
+    assert host.health() == 200
+    # keep_releases=1: current, previous and the newest other release stay; older ones are removed.
+    releases = host.sh("ls /var/lib/llm-serving/releases").split()
+    assert len(releases_before) + 1 > 3 and len(releases) == 3, (releases_before, releases)
+    assert state["current"] in releases and before["current"] in releases
+
+
+
+def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact_of_the_failed_deploys(host, runs):
+    assert_api_key_nowhere(host, runs)
