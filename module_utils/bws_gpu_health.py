@@ -68,7 +68,7 @@ def delays(window_s: float, first_s: float = FIRST_DELAY_S) -> list[float]:
     result: list[float] = []
     step = first_s
     while window_s > 0 and sum(result) < window_s:
-        result.append(min(step, window_s - sum(result)))
+        result.append(round(min(step, window_s - sum(result)), 3))
         step *= 2
     return result
 
