@@ -1381,7 +1381,7 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     if msg and report_only:
         msg += ". Report only: nothing was stopped, signalled or removed."
     if serving is not None:
-        record_release(result, serving, write=not (msg or check_mode or report_only))
+        record_release(result, serving, write=not (msg or check_mode or report_only), failed=bool(msg))
     if msg:
         result["msg"] = msg
         result["summary"].append("FAILED: " + msg)
@@ -1397,7 +1397,7 @@ def wedged_list(table: dict[int, dict[str, Any]], wedged: dict[str, dict[str, An
     return found
 
 
-def record_release(result: dict[str, Any], serving: dict[str, Any], write: bool) -> None:
+def record_release(result: dict[str, Any], serving: dict[str, Any], write: bool, failed: bool) -> None:
     """With O(state_dir): state.json records the current release as stopped; a summary line names it."""
     record = record_stopped(serving, write=write)
     release = serving["release"]
@@ -1406,7 +1406,7 @@ def record_release(result: dict[str, Any], serving: dict[str, Any], write: bool)
         "state_before": serving["state"] if serving["text"] is not None else None,
         "state_changed": record["changed"],
     }
-    if record["changed"] and not result["report_only"]:
+    if record["changed"] and not failed and not result["report_only"]:  # written, or would be in check mode
         result["changed"] = True
         result["diff"] = {
             "before": record["before"],
@@ -1416,10 +1416,11 @@ def record_release(result: dict[str, Any], serving: dict[str, Any], write: bool)
         }
     if release.get("id") is not None:
         verb = "would be" if result["check_mode"] else "is"
-        result["summary"].append(
-            f"release {release['id']} ({release.get('engine')}, profile {release.get('profile')}) {verb}"
-            " recorded as stopped; a deploy starts it again"
-        )
+        named = f"release {release['id']} ({release.get('engine')}, profile {release.get('profile')})"
+        if failed:
+            result["summary"].append(f"{named}: state.json left as it was ({serving['state']['status']})")
+        else:
+            result["summary"].append(f"{named} {verb} recorded as stopped; a deploy starts it again")
     else:
         result["summary"].append("no release recorded on this host")
 

@@ -665,5 +665,6 @@ def test_state_dir_without_a_deploy_and_after_a_failed_release(tmp_path, capsys)
     assert rc == 1 and out["summary"][-2] == "no release recorded on this host"
     serving_host(tmp_path / "none")
     rc, out = run_main(args, capsys, check=False)
-    assert rc == 1 and out["msg"].startswith("wedged GPU")
+    assert rc == 1 and out["msg"].startswith("wedged GPU") and "diff" not in out
     assert json.loads((tmp_path / "none" / "state.json").read_text())["status"] == "serving", "a failed teardown"
+    assert out["summary"][-2] == "release sglang-20261201-a (sglang, profile kimi): state.json left as it was (serving)"
