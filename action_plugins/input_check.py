@@ -54,8 +54,13 @@ class Catalog:
     profile_schema: dict = field(default_factory=dict)
 
 
+# libyaml's loader where PyYAML has it: the catalog reads every role's tasks on each playbook start (0.3 s
+# with the pure-Python loader, 0.05 s with libyaml).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _yaml(path: Path) -> Any:
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
+    return yaml.load(path.read_text(), Loader=_LOADER) if path.is_file() else None
 
 
 def _task_outputs(node: Any) -> set[str]:

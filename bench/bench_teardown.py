@@ -25,6 +25,10 @@ On an NVIDIA GPU machine (nvidia-smi, PyTorch with CUDA, the controller toolchai
 and the targets are: teardown.yml <= 2.5 s on the clean host and <= 2.8 s with the engines to release. On a
 machine without a GPU, ``--simulate`` runs the same over the nvidia-smi test double and stand-in device files
 and reports the ratio to the one-liner (labelled ``"backend": "simulated"``: not GPU results).
+
+``--baseline-tree DIR`` also times the teardown.yml of another checkout of this repository (for example
+``git worktree add /tmp/before <commit>``), run from that checkout with its own ansible.cfg, in the same
+repetitions: before and after a change, whole command against whole command, on the same machine and load.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 HOLDER_MIB = 2048
 TARGETS_S = {"clean": 2.5, "engines": 2.8}
+BASELINE = "teardown.yml (baseline tree)"
 
 
 def reexec_in_pid_namespace() -> None:
@@ -68,11 +73,13 @@ def write_inventory(work: Path) -> Path:
     return inventory
 
 
-def run_teardown(inventory: Path, extravars: Path, playbook: str = "playbooks/teardown.yml") -> dict[str, Any]:
+def run_teardown(
+    inventory: Path, extravars: Path, playbook: str = "playbooks/teardown.yml", tree: Path = REPO
+) -> dict[str, Any]:
     argv = [ansible_playbook(), "-i", str(inventory), playbook, "-e", f"@{extravars}"]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    env = {**os.environ, "ANSIBLE_CONFIG": str(tree / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
     if os.environ.get("BWS_BENCH_LOG_DIR"):  # keep the playbook output (per-task times from profile_tasks)
         log_dir = Path(os.environ["BWS_BENCH_LOG_DIR"])
@@ -128,6 +135,7 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for scenario in ("clean", "engines"):
         ours = [r for r in rows if r["scenario"] == scenario and r["command"] == "teardown.yml"]
         old = [r for r in rows if r["scenario"] == scenario and r["command"] == "one-liner"]
+        before = [r for r in rows if r["scenario"] == scenario and r["command"] == BASELINE]
         wall, old_wall = median(ours, "wall_s"), median(old, "wall_s")
         table.append(
             {
@@ -138,6 +146,7 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ratio_to_one_liner": round(wall / old_wall, 3) if wall and old_wall else None,
                 "target_s": TARGETS_S[scenario],
                 "empty_play_s": median([r for r in rows if r["command"] == "empty play"], "wall_s"),
+                "baseline_teardown_yml_s": median(before, "wall_s"),
             }
         )
     return table
@@ -146,23 +155,29 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def print_table(backend_name: str, reps: int, table: list[dict[str, Any]], checks: dict[str, bool]) -> None:
     print(f"\nbackend: {backend_name}; {reps} repetitions; whole commands, wall clock (median)")
     print(f"{'scenario':<10}{'teardown.yml s':>16}{'(module s)':>12}{'one-liner s':>13}{'ratio':>8}"
-          f"{'empty play s':>14}")  # fmt: skip
+          f"{'empty play s':>14}{'baseline tree s':>17}")  # fmt: skip
     for row in table:
         print(f"{row['scenario']:<10}{row['teardown_yml_s']:>16}{row['module_s']!s:>12}{row['one_liner_s']:>13}"
-              f"{row['ratio_to_one_liner']!s:>8}{row['empty_play_s']!s:>14}")  # fmt: skip
+              f"{row['ratio_to_one_liner']!s:>8}{row['empty_play_s']!s:>14}"
+              f"{row['baseline_teardown_yml_s']!s:>17}")  # fmt: skip
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
 
 
-def one_repetition(be, rep: int, *, inventory: Path, extravars: Path, empty: str, bystanders: list[int]) -> list[dict]:
+def one_repetition(
+    be, rep: int, *, inventory: Path, extravars: Path, empty: str, bystanders: list[int], baseline: Path | None
+) -> list[dict]:
     from gpu_real import alive
 
     rows = [{"rep": rep, "scenario": "clean", "command": "empty play", **run_teardown(inventory, extravars, empty)}]
-    rows.append({"rep": rep, "scenario": "clean", "command": "teardown.yml", **run_teardown(inventory, extravars)})
-    pids = start_engines(be)
-    rows.append({"rep": rep, "scenario": "engines", "command": "teardown.yml", **run_teardown(inventory, extravars)})
-    be.reap()
-    assert not any(alive(p) for p in pids), "an engine process survived teardown.yml"
+    trees = [("teardown.yml", REPO)] + ([(BASELINE, baseline)] if baseline else [])
+    for command, tree in trees:
+        kw = {"tree": tree}
+        rows.append({"rep": rep, "scenario": "clean", "command": command, **run_teardown(inventory, extravars, **kw)})
+        pids = start_engines(be)
+        rows.append({"rep": rep, "scenario": "engines", "command": command, **run_teardown(inventory, extravars, **kw)})
+        be.reap()
+        assert not any(alive(p) for p in pids), f"an engine process survived {command}"
     rows.append({"rep": rep, "scenario": "clean", "command": "one-liner", **run_one_liner(be, [])})
     pids = start_engines(be)
     rows.append({"rep": rep, "scenario": "engines", "command": "one-liner", **run_one_liner(be, pids)})
@@ -177,7 +192,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--simulate", action="store_true", help="no GPU: use the nvidia-smi test double")
+    parser.add_argument("--baseline-tree", type=Path, help="another checkout whose teardown.yml is timed alongside")
     args = parser.parse_args()
+    if args.baseline_tree:
+        args.baseline_tree = args.baseline_tree.resolve()
     if args.simulate:
         os.environ["BWS_GPU_DRYRUN"] = "1"
     reexec_in_pid_namespace()
@@ -198,10 +216,13 @@ def main() -> int:
     try:
         bystanders = be.start_bystanders()
         run_teardown(inventory, extravars)  # warm the page cache: every repetition then starts alike
+        if args.baseline_tree:
+            run_teardown(inventory, extravars, tree=args.baseline_tree)
         empty = write_empty_play(work)
         for rep in range(args.reps):
             rows.extend(
-                one_repetition(be, rep, inventory=inventory, extravars=extravars, empty=empty, bystanders=bystanders)
+                one_repetition(be, rep, inventory=inventory, extravars=extravars, empty=empty, bystanders=bystanders,
+                               baseline=args.baseline_tree)
             )
     finally:
         be.stop_all()
@@ -223,7 +244,8 @@ def main() -> int:
     suffix = "" if be.name == "real" else "_simulated"
     write_json(
         args.out / f"bench_teardown{suffix}.json",
-        {"backend": be.name, "reps": args.reps, "medians": table, "checks": checks, "rows": rows},
+        {"backend": be.name, "reps": args.reps, "baseline_tree": str(args.baseline_tree or ""), "medians": table,
+         "checks": checks, "rows": rows},
     )
     return 0 if all(checks.values()) else 1
 

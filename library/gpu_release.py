@@ -59,6 +59,17 @@ description:
     Nothing after that argument is looked at, so C(journalctl -u sglang) or C(grep sglang::) never match."
   - Without an NVIDIA driver or C(nvidia-smi) (CI, containers) it still releases engine processes and
     /dev/shm and returns RV(gpu_verification=skipped) with the reason.
+  - "A selected GPU on which nvidia-smi lists no compute process at all, but which shows utilisation above 0 %
+    or more than O(idle_memory_mib) used, is B(wedged) (what killed processes can leave behind after a hang):
+    one such reading is only suspicious and is read again at growing intervals (0.1, 0.2, 0.4 ... s); a GPU
+    still busy with no process over O(wedged_window_s) fails the module, also with O(report_only) (a deploy's
+    preflight), naming it and saying it needs C(nvidia-smi -r) or a reboot. A healthy host pays no extra reading."
+  - Every nvidia-smi call ends after O(nvidia_smi_timeout_s) (its process group is killed) and the module says
+    so. When the first call times out, engine processes and /dev/shm are still released, then the module fails.
+  - With O(state_dir) (engine_service's state directory) the module does the host's record keeping of a
+    teardown in the same call - the unit of the release C(state.json) names as current is added to O(units),
+    and after a successful release C(state.json) records that release as stopped (check mode says it would;
+    --diff shows the change). RV(release) says which release it was.
 version_added: "0.1.0"
 author: blackwell-llm-serving authors
 options:
@@ -166,6 +177,23 @@ options:
     description: Only report targets, foreign processes and GPU holders; change nothing.
     type: bool
     default: false
+  nvidia_smi_timeout_s:
+    description: Seconds after which one nvidia-smi call (or calls started together) is killed and reported.
+    type: float
+    default: 10
+  idle_memory_mib:
+    description: Memory (MiB) an idle GPU with no process may show; more, with no compute process listed, is
+      suspicious (raise it for a GPU that drives a display).
+    type: int
+    default: 256
+  wedged_window_s:
+    description: Seconds over which a suspicious GPU is read again before it is called wedged.
+    type: float
+    default: 1.5
+  state_dir:
+    description: engine_service's state directory (C(state.json), C(releases/)); see the description. Unset - no
+      record keeping.
+    type: path
 notes:
   - Check mode reports what would be signalled and removed and touches nothing.
   - Processes in other PID namespaces are invisible to C(/proc) here; their compute apps are reported as
@@ -177,7 +205,8 @@ attributes:
   check_mode:
     support: full
   diff_mode:
-    support: none
+    support: partial
+    details: With O(state_dir), the change of C(state.json).
 """
 
 EXAMPLES = r"""
@@ -197,6 +226,12 @@ EXAMPLES = r"""
 - name: Engines started by hand over ssh (any user, in a login session)
   gpu_release:
     scope: host
+
+- name: Teardown - stop and disable the units, release, record in state.json that nothing serves
+  gpu_release:
+    units: [sglang.service, vllm.service]
+    stop_units: true
+    state_dir: /var/lib/llm-serving
 
 - name: Tests point it at a GPU simulator and stand-in device files
   gpu_release:
@@ -297,6 +332,21 @@ release_s:
   description: Seconds from SIGTERM until no target was alive or listed on a GPU (null when none signalled).
   returned: always
   type: float
+wedged:
+  description: GPUs busy with no compute process over O(wedged_window_s) - index, uuid, bus_id, readings
+    (utilization_pct, memory_used_mib), seconds, text.
+  returned: always
+  type: list
+  elements: dict
+nvidia_smi_error:
+  description: Why nvidia-smi gave no answer (a timeout), empty when it answered.
+  returned: always
+  type: str
+release:
+  description: With O(state_dir) - id, engine, profile, unit of the release state.json names as current (or
+    none), state.json before and after, and whether it changed.
+  returned: when O(state_dir) is set
+  type: dict
 summary:
   description: Human-readable lines, one screen.
   returned: always
@@ -315,6 +365,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_gpu_health import gpu_key, wedged_gpus, wedged_text
 from ansible.module_utils.bws_nvidia import (
     QUERY_APPS_ARGS,
     QUERY_GPU_ARGS,
@@ -327,6 +378,7 @@ from ansible.module_utils.bws_nvidia import (
     resolve_nvidia_smi,
     run_queries_together,
     run_query,
+    timed_runner,
 )
 from ansible.module_utils.bws_procfs import (
     Proc,
@@ -344,6 +396,7 @@ from ansible.module_utils.bws_procfs import (
     snapshot,
     unit_cgroup_pids,
 )
+from ansible.module_utils.bws_release_state import read_serving, record_stopped
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "units": {"type": "list", "elements": "str", "default": []},
@@ -405,7 +458,12 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "service_users": {"type": "list", "elements": "str", "default": ["sglang", "vllm"]},
     "stop_units": {"type": "bool", "default": False},
     "report_only": {"type": "bool", "default": False},
+    "nvidia_smi_timeout_s": {"type": "float", "default": 10.0},
+    "idle_memory_mib": {"type": "int", "default": 256},
+    "wedged_window_s": {"type": "float", "default": 1.5},
+    "state_dir": {"type": "path"},
 }
+SMI_TIMEOUT_SETTING = "nvidia_smi_timeout_s"
 
 
 class ReleaseError(Exception):
@@ -420,6 +478,9 @@ class Gpu:
 
     def __init__(self, module: AnsibleModule, nvidia_smi: str, driver_proc_dir: str) -> None:
         self.module = module
+        self.timeout_s = module.params["nvidia_smi_timeout_s"]
+        self._run = timed_runner(self.timeout_s, SMI_TIMEOUT_SETTING)
+        self.error = ""
         self.driver_loaded = driver_loaded(driver_proc_dir)
         self.tool = resolve_nvidia_smi(nvidia_smi)
         self.driver_gpus = read_driver_gpus(driver_proc_dir)
@@ -432,10 +493,6 @@ class Gpu:
     def available(self) -> bool:
         return self.tool is not None and not self.reason
 
-    def _run(self, argv: list[str]) -> tuple[int, str, str]:
-        rc, out, err = self.module.run_command(argv)
-        return rc, out, err
-
     def query_gpus(self) -> list[dict[str, Any]]:
         gpus = gpus_from_csv(run_query(self.tool or "", QUERY_GPU_ARGS, self._run))
         attach_minors(gpus, self.driver_gpus)
@@ -445,7 +502,9 @@ class Gpu:
         return apps_from_csv(run_query(self.tool or "", QUERY_APPS_ARGS, self._run))
 
     def query_both(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        gpu_csv, apps_csv = run_queries_together(self.tool or "", [QUERY_GPU_ARGS, QUERY_APPS_ARGS])
+        gpu_csv, apps_csv = run_queries_together(
+            self.tool or "", [QUERY_GPU_ARGS, QUERY_APPS_ARGS], self.timeout_s, SMI_TIMEOUT_SETTING
+        )
         gpus = gpus_from_csv(gpu_csv)
         attach_minors(gpus, self.driver_gpus)
         return gpus, apps_from_csv(apps_csv)
@@ -456,8 +515,9 @@ class Gpu:
         try:
             return self.query_both()
         except NvidiaError as exc:
-            if exc.kind in ("no_driver", "missing_tool"):
+            if exc.kind in ("no_driver", "missing_tool", "timeout"):
                 self.reason = str(exc)
+                self.error = str(exc) if exc.kind == "timeout" else ""
                 return [], []
             raise
 
@@ -1003,7 +1063,9 @@ def gpu_line(g: dict[str, Any]) -> str:
     if g.get("memory_used_before_mib") is not None:
         before, after = g["memory_used_before_mib"], g["memory_used_after_mib"]
         mem = f"; {before} -> {after} MiB (freed {g['freed_mib']})"
-    if g.get("clean") is None:
+    if g.get("wedged"):
+        state = f"WEDGED: {g['wedged']}; needs `nvidia-smi -r` or a reboot"
+    elif g.get("clean") is None:
         state = "not verified"
     elif g["clean"]:
         state = "clean"
@@ -1016,7 +1078,9 @@ def gpu_line(g: dict[str, Any]) -> str:
 def summarize(result: dict[str, Any]) -> list[str]:
     lines = unit_lines(result["units"], result["check_mode"]) if result["stop_units"] else []
     lines.append(result["scope_description"])
-    if result["gpu_verification"] == "skipped":
+    if result["nvidia_smi_error"]:
+        lines.append(f"nvidia-smi gave no answer: GPU verification skipped ({result['nvidia_smi_error']})")
+    elif result["gpu_verification"] == "skipped":
         lines.append(f"no NVIDIA driver on this host: GPU verification skipped ({result['gpu_verification_reason']})")
     lines.extend(gpu_line(g) for g in result["gpus"])
     sig = result["signalled"]
@@ -1143,7 +1207,7 @@ def verify_gpus(
         here = [a for a in apps_after if a["gpu_uuid"] == entry["uuid"] or a["bus_id"] == entry["bus_id"]]
         entry["apps_after"] = here if gpu.available else []
         alive = [h for h in entry["holders"] if h["role"] == "target" and not targets[h["pid"]].get("exited", False)]
-        entry["clean"] = None if not gpu.available or check_mode else not here and not alive
+        entry["clean"] = None if not gpu.available or check_mode else not here and not alive and not entry.get("wedged")
 
 
 def failure(result: dict[str, Any], targets: dict[int, dict[str, Any]], left_on_gpu: set[int], params) -> str:
@@ -1151,6 +1215,11 @@ def failure(result: dict[str, Any], targets: dict[int, dict[str, Any]], left_on_
     if stuck and not result["check_mode"] and not result["report_only"]:
         names = "; ".join(f"PID {t['pid']} ({t['cmd'][:80]}) on GPUs {t['gpus']}" for t in stuck)
         return f"still running or holding GPU memory after {params['timeout_s']} s: {names}"
+    if result["nvidia_smi_error"]:
+        return result["nvidia_smi_error"]
+    if result["wedged"]:
+        names = "; ".join(f"GPU {w['index']} ({w['uuid'] or w['bus_id']}): {w['text']}" for w in result["wedged"])
+        return f"wedged GPU, needs `nvidia-smi -r` (with nothing using it) or a reboot: {names}"
     if params["fail_on_foreign_holders"] and result["foreign_holders"]:
         names = "; ".join(f"PID {f['pid']} ({f['cmd'][:80]}) on GPUs {f['gpus']}" for f in result["foreign_holders"])
         return f"foreign processes use the GPUs (not signalled): {names}"
@@ -1163,20 +1232,8 @@ def failure(result: dict[str, Any], targets: dict[int, dict[str, Any]], left_on_
     return ""
 
 
-def release(module: AnsibleModule) -> dict[str, Any]:
-    params = module.params
-    clock = Clock()
-    check_mode = module.check_mode
-    report_only = params["report_only"]
-    units = stop_units(module, params["units"] if params["stop_units"] else [], check_mode or report_only)
-    gpu = Gpu(module, params["nvidia_smi"], params["driver_proc_dir"])
-    procs = snapshot()
-    scope = Scope(params, procs)
-    gpus_before, apps_before = gpu.first_look()
-    targets_reason, spared, foreign_by_pid = select(params, module, procs, scope, units["units"])
-    table = gpu_table(gpus_before, procs, params["dev_dir"], params["gpus"])
-    app_mem, unmapped = attribute_apps(apps_before, table, procs)
-    targets: dict[int, dict[str, Any]] = {
+def target_entries(reasons: dict[int, str], procs: dict[int, Proc]) -> dict[int, dict[str, Any]]:
+    return {
         pid: {
             **procs[pid].brief(),
             "user": user_name(procs[pid].uid),
@@ -1186,8 +1243,52 @@ def release(module: AnsibleModule) -> dict[str, Any]:
             "exited": False,
             "exit_s": None,
         }
-        for pid, reason in targets_reason.items()
+        for pid, reason in reasons.items()
     }
+
+
+def with_recorded_unit(units: list[str], recorded: str | None) -> list[str]:
+    """O(units) plus the unit of the release state.json names as current (it may be neither engine's default)."""
+    return [*units, recorded] if recorded and recorded not in units else list(units)
+
+
+def find_wedged(
+    gpu: Gpu, table: dict[int, dict[str, Any]], gpus: list[dict], apps: list[dict], params: dict[str, Any]
+) -> tuple[dict[str, dict[str, Any]], list[dict], list[dict]]:
+    """Wedged selected GPUs (marked in ``table``) and the last (gpus, apps) read; see bws_gpu_health."""
+    if not gpu.available:
+        return {}, gpus, apps
+    wedged, gpus, apps = wedged_gpus(
+        gpus,
+        apps,
+        sample=gpu.query_both,
+        keys={gpu_key(e) for e in table.values() if e["uuid"] or e["bus_id"]},
+        idle_memory_mib=params["idle_memory_mib"],
+        window_s=params["wedged_window_s"],
+    )
+    for entry in table.values():
+        found = wedged.get(gpu_key(entry))
+        if found:
+            entry["wedged"] = wedged_text(found["readings"], found["seconds"], params["idle_memory_mib"])
+    return wedged, gpus, apps
+
+
+def release(module: AnsibleModule) -> dict[str, Any]:
+    params = module.params
+    clock = Clock()
+    check_mode = module.check_mode
+    report_only = params["report_only"]
+    serving = read_serving(params["state_dir"]) if params["state_dir"] else None
+    params["units"] = with_recorded_unit(params["units"], (serving or {}).get("release", {}).get("unit"))
+    units = stop_units(module, params["units"] if params["stop_units"] else [], check_mode or report_only)
+    gpu = Gpu(module, params["nvidia_smi"], params["driver_proc_dir"])
+    procs = snapshot()
+    scope = Scope(params, procs)
+    gpus_before, apps_before = gpu.first_look()
+    targets_reason, spared, foreign_by_pid = select(params, module, procs, scope, units["units"])
+    table = gpu_table(gpus_before, procs, params["dev_dir"], params["gpus"])
+    app_mem, unmapped = attribute_apps(apps_before, table, procs)
+    targets = target_entries(targets_reason, procs)
     foreign = classify_holders(
         procs=procs,
         table=table,
@@ -1227,10 +1328,8 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     quiet = check_mode or report_only or not targets
     procs_after = procs if quiet else snapshot()
     shm = clean_shm(params, procs_after, check_mode, set(targets), shm_owners(params, scope))
-    if gpu.available and not quiet:
-        gpus_after, apps_after = gpu.query_both()
-    else:
-        gpus_after, apps_after = gpus_before, apps_before
+    gpus_after, apps_after = gpu.query_both() if gpu.available and not quiet else (gpus_before, apps_before)
+    wedged, gpus_after, apps_after = find_wedged(gpu, table, gpus_after, apps_after, params)
     verify_gpus(
         gpu=gpu,
         table=table,
@@ -1271,6 +1370,8 @@ def release(module: AnsibleModule) -> dict[str, Any]:
         "foreign": [foreign_by_pid[p] for p in sorted(foreign_by_pid)],
         "foreign_holders": foreign,
         "unattributed_apps": [a for a in unmapped if a["pid"] in listed_after],
+        "wedged": wedged_list(table, wedged),
+        "nvidia_smi_error": gpu.error,
         "shm": shm,
         "release_s": release_s,
         "elapsed_s": clock.since(),
@@ -1279,10 +1380,49 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     msg = failure(result, targets, left_on_gpu, params)
     if msg and report_only:
         msg += ". Report only: nothing was stopped, signalled or removed."
+    if serving is not None:
+        record_release(result, serving, write=not (msg or check_mode or report_only), failed=bool(msg))
     if msg:
         result["msg"] = msg
         result["summary"].append("FAILED: " + msg)
     return result
+
+
+def wedged_list(table: dict[int, dict[str, Any]], wedged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    for entry in sorted(table.values(), key=lambda e: (e["index"] is None, e["index"] or 0)):
+        if entry.get("wedged"):
+            readings = wedged[gpu_key(entry)]
+            found.append({**{k: entry[k] for k in ("index", "uuid", "bus_id")}, **readings, "text": entry["wedged"]})
+    return found
+
+
+def record_release(result: dict[str, Any], serving: dict[str, Any], write: bool, failed: bool) -> None:
+    """With O(state_dir): state.json records the current release as stopped; a summary line names it."""
+    record = record_stopped(serving, write=write)
+    release = serving["release"]
+    result["release"] = {
+        **{k: release.get(k) for k in ("id", "engine", "profile", "unit")},
+        "state_before": serving["state"] if serving["text"] is not None else None,
+        "state_changed": record["changed"],
+    }
+    if record["changed"] and not failed and not result["report_only"]:  # written, or would be in check mode
+        result["changed"] = True
+        result["diff"] = {
+            "before": record["before"],
+            "after": record["after"],
+            "before_header": record["path"],
+            "after_header": record["path"],
+        }
+    if release.get("id") is not None:
+        verb = "would be" if result["check_mode"] else "is"
+        named = f"release {release['id']} ({release.get('engine')}, profile {release.get('profile')})"
+        if failed:
+            result["summary"].append(f"{named}: state.json left as it was ({serving['state']['status']})")
+        else:
+            result["summary"].append(f"{named} {verb} recorded as stopped; a deploy starts it again")
+    else:
+        result["summary"].append("no release recorded on this host")
 
 
 def main() -> None:

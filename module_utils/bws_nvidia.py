@@ -9,10 +9,12 @@ The queries below are the ones whose output is recorded in tests/fixtures/nvidia
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -188,9 +190,55 @@ def driver_loaded(driver_proc_dir: str) -> bool:
     )
 
 
-def subprocess_runner(argv: Sequence[str]) -> tuple[int, str, str]:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=60)
-    return proc.returncode, proc.stdout, proc.stderr
+# A wedged GPU or a hung driver makes nvidia-smi block for minutes: every call here has a timeout.
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def timeout_message(argv: Sequence[str], timeout_s: float, setting: str) -> str:
+    return (
+        f"{' '.join(argv)} did not answer within {timeout_s:g} s ({setting}) and was killed: the driver or a GPU "
+        "is hung. Check dmesg for Xid errors; `nvidia-smi -r` (GPUs idle) or a reboot clears it."
+    )
+
+
+def _start(argv: Sequence[str]) -> subprocess.Popen:
+    # Its own process group, so that a timeout kills whatever a wrapper script started too.
+    return subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def _finish(proc: subprocess.Popen, argv: Sequence[str], timeout_s: float, setting: str) -> tuple[int, str, str]:
+    """Wait for a started call; on timeout kill its process group and raise NvidiaError('timeout')."""
+    try:
+        out, err = proc.communicate(timeout=max(timeout_s, 0.001))
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        abandon(proc)
+        raise NvidiaError("timeout", timeout_message(argv, timeout_s, setting)) from None
+
+
+def abandon(proc: subprocess.Popen) -> None:
+    """Kill a call's process group; never wait long for it (a process stuck in the driver cannot die)."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, 9)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+
+
+def timed_runner(timeout_s: float = DEFAULT_TIMEOUT_S, setting: str = "timeout") -> Runner:
+    """A Runner that kills the call after ``timeout_s`` and raises NvidiaError('timeout') naming ``setting``."""
+
+    def run(argv: Sequence[str]) -> tuple[int, str, str]:
+        return _finish(_start(argv), argv, timeout_s, setting)
+
+    return run
+
+
+subprocess_runner = timed_runner()
 
 
 def resolve_nvidia_smi(nvidia_smi: str) -> str | None:
@@ -207,24 +255,33 @@ def run_query(nvidia_smi: str, args: Sequence[str], runner: Runner = subprocess_
     return checked_output(nvidia_smi, args, rc, out, err)
 
 
-def run_queries_together(nvidia_smi: str, arg_sets: Sequence[Sequence[str]]) -> list[str]:
-    """Several nvidia-smi queries started at once: each call costs 0.1-0.3 s of driver start-up, paid once."""
+def run_queries_together(
+    nvidia_smi: str,
+    arg_sets: Sequence[Sequence[str]],
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    setting: str = "timeout",
+) -> list[str]:
+    """Several nvidia-smi queries started at once: each call costs 0.1-0.3 s of driver start-up, paid once.
+    All of them share one deadline ``timeout_s``."""
+    argvs = [[nvidia_smi, *args] for args in arg_sets]
+    procs: list[subprocess.Popen] = []
     try:
-        procs = [
-            subprocess.Popen([nvidia_smi, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for args in arg_sets
-        ]
+        for argv in argvs:
+            procs.append(_start(argv))
     except FileNotFoundError as exc:
+        for proc in procs:
+            abandon(proc)
         raise NvidiaError("missing_tool", f"nvidia-smi not runnable at {nvidia_smi}: {exc}") from exc
-    outs = []
-    for args, proc in zip(arg_sets, procs, strict=True):
+    deadline = time.monotonic() + timeout_s
+    results = []
+    for i, (argv, proc) in enumerate(zip(argvs, procs, strict=True)):
         try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        outs.append(checked_output(nvidia_smi, args, proc.returncode, out, err))
-    return outs
+            results.append(_finish(proc, argv, deadline - time.monotonic(), setting))
+        except NvidiaError as exc:
+            for rest in procs[i + 1 :]:
+                abandon(rest)
+            raise NvidiaError(exc.kind, timeout_message(argv, timeout_s, setting)) from None
+    return [checked_output(nvidia_smi, args, *res) for args, res in zip(arg_sets, results, strict=True)]
 
 
 def checked_output(nvidia_smi: str, args: Sequence[str], rc: int, out: str, err: str) -> str:

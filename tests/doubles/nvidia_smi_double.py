@@ -12,9 +12,18 @@ It answers the two queries the modules use, in the exact format of the recorded 
   defaults to ``default_app_mib`` on each GPU it holds when the variable is absent.
 
 Usage: ``nvidia_smi_double.py --config sim.json --query-gpu=... --format=csv,noheader,nounits``.
-The config (JSON) names ``dev_dir``, ``driver_version``, ``default_app_mib``, ``mode`` (``ok`` or
-``no_driver``) and ``gpus`` (index, minor, uuid, name, pci_bus_id, compute_cap, memory_total_mib,
-persistence_mode, mig_mode). Tests write a two-line shell wrapper named ``nvidia-smi`` that passes ``--config``.
+The config (JSON) names ``dev_dir``, ``driver_version``, ``default_app_mib``, ``mode`` (``ok``, ``no_driver``
+or ``hang``) and ``gpus`` (index, minor, uuid, name, pci_bus_id, compute_cap, memory_total_mib,
+persistence_mode, mig_mode, and for a wedged GPU ``utilization_pct`` and ``leaked_mib``). Tests write a two-line
+shell wrapper named ``nvidia-smi`` that passes ``--config``.
+
+Two failure modes of the real tool on a GPU that a hang left behind:
+
+* a wedged GPU: after the processes of a hung engine were killed, nvidia-smi lists no compute process on it but
+  still reports utilisation (up to 100 %) and memory used (``utilization_pct``, ``leaked_mib`` on top of what
+  live processes hold);
+* ``mode: hang``: nvidia-smi itself blocks in the driver and does not answer (for minutes); the double sleeps
+  and, like a process blocked in the kernel, does not end on SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import time
 
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -105,7 +116,7 @@ def gpu_value(gpu: dict, field: str, used: int, driver: str) -> str:
         "compute_cap": gpu.get("compute_cap", "12.0"),
         "memory.used": str(used),
         "memory.total": str(gpu["memory_total_mib"]),
-        "utilization.gpu": "0",
+        "utilization.gpu": str(gpu.get("utilization_pct", 0)),
         "persistence_mode": "Enabled" if gpu.get("persistence_mode", True) else "Disabled",
         # "Enabled"/"Disabled" on MIG-capable boards (RTX PRO 6000 Blackwell, H200), "[N/A]" elsewhere.
         "mig.mode.current": gpu.get("mig_mode", "Disabled"),
@@ -127,6 +138,9 @@ def main(argv: list[str]) -> int:
     if config.get("mode") == "no_driver":
         sys.stdout.write(NO_DRIVER)
         return 9
+    if config.get("mode") == "hang":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(3600)
     if args.format != "csv,noheader,nounits":
         sys.stderr.write("nvidia_smi_double: only --format=csv,noheader,nounits is simulated\n")
         return 2
@@ -134,7 +148,7 @@ def main(argv: list[str]) -> int:
     if args.query_gpu:
         fields = args.query_gpu.split(",")
         for gpu in sorted(config["gpus"], key=lambda g: g["index"]):
-            used = sum(mib for _, _, mib, g in apps if g is gpu)
+            used = gpu.get("leaked_mib", 0) + sum(mib for _, _, mib, g in apps if g is gpu)
             print(", ".join(gpu_value(gpu, f, used, config["driver_version"]) for f in fields))
         return 0
     if args.query_compute_apps:

@@ -7,6 +7,7 @@ device files of the constructed 8-GPU host (device minor != index).
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -152,3 +153,48 @@ def test_teardown_without_nvidia_driver_still_releases_and_says_so(sim, tmp_path
     assert res["gpu_verification"] == "skipped" and res["driver_loaded"] is False
     summary = results["Teardown | summary"]["msg"]
     assert any(line.startswith("no NVIDIA driver on this host: GPU verification skipped") for line in summary)
+
+
+def wedge(sim: Sim, index: int, **reading: int) -> None:
+    """The double reports GPU ``index`` busy with no process, as killed processes can leave it after a hang."""
+    sim.gpus[index].update(reading)
+    sim.write_config("ok")
+
+
+@in_new_pid_namespace
+def test_teardown_fails_on_a_wedged_gpu_after_releasing_what_it_can(sim, tmp_path):
+    wedge(sim, 3, utilization_pct=100, leaked_mib=30720)
+    state_dir = tmp_path / "state"
+    (state_dir / "releases" / "sglang-a").mkdir(parents=True)
+    (state_dir / "releases" / "sglang-a" / "release.json").write_text('{"id": "sglang-a", "unit": "sglang.service"}')
+    (state_dir / "state.json").write_text('{"current": "sglang-a", "previous": null, "status": "serving"}')
+    (engine,) = sim.spawn(["sglang::scheduler_TP0"], {"open": sim.compute_files(2)}, sim.mem(g2=4096))
+    extravars = sim.extravars(gpu_release_grace_s=1, gpu_release_wedged_window_s=0.3,
+                              engine_service_state_dir=str(state_dir))  # fmt: skip
+    runner, results = run_playbook(tmp_path, extravars)
+    assert runner.rc != 0
+    res = release_result(results)
+    assert not alive(engine), "the engine is released before the GPUs are judged"
+    assert res["msg"].startswith("wedged GPU, needs `nvidia-smi -r` (with nothing using it) or a reboot: GPU 3 (GPU-")
+    assert "100 % utilisation and 30720 MiB used (idle <= 256 MiB) with no compute process" in res["msg"]
+    summary = results["Summary of the GPU release"]["msg"]
+    assert any(line.startswith("GPU 3 (minor 1): ") and "WEDGED" in line for line in summary), summary
+    assert any(line.startswith("GPU 2 (minor 0): ") and line.endswith("; clean") for line in summary), summary
+    assert '"status": "serving"' in (state_dir / "state.json").read_text(), "a failed teardown records nothing"
+
+
+def test_the_deploy_preflight_check_refuses_a_wedged_gpu(sim, tmp_path):
+    # roles/engine_service/tasks/preflight.yml runs exactly this entry point on the GPUs the profile needs. Report
+    # only: it signals nothing, so it needs no PID namespace of its own.
+    wedge(sim, 1, leaked_mib=8192)
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(json.dumps([{
+        "name": "Preflight", "hosts": "gpu_servers", "gather_facts": False,
+        "tasks": [{"name": "Holders", "ansible.builtin.include_role": {"name": "gpu_release", "tasks_from": "holders"},
+                   "vars": {"gpu_release_gpus": ["0", "1"]}}],
+    }]))  # fmt: skip
+    runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_wedged_window_s=0.3), playbook=str(playbook))
+    assert runner.rc != 0
+    msg = results["Holders | foreign processes on the GPUs 0, 1"]["msg"]
+    assert msg.startswith("wedged GPU, needs `nvidia-smi -r` (with nothing using it) or a reboot: GPU 1 (GPU-"), msg
+    assert msg.endswith("Report only: nothing was stopped, signalled or removed."), msg

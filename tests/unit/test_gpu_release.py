@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import ansible.module_utils
@@ -339,7 +340,8 @@ def test_gpu_table_maps_device_minor_not_index():
 # ---------------------------------------------------------------- main() in check mode (nothing is signalled)
 
 
-def sim(tmp_path: Path, mode: str = "ok") -> dict:
+def sim(tmp_path: Path, mode: str = "ok", wedged: dict[int, dict] | None = None) -> dict:
+    """The nvidia-smi double over stand-in device files; ``wedged`` adds per GPU index utilization_pct/leaked_mib."""
     dev = tmp_path / "dev"
     dev.mkdir()
     for name in [*(f"nvidia{i}" for i in range(8)), "nvidiactl", "nvidia-uvm"]:
@@ -358,6 +360,7 @@ def sim(tmp_path: Path, mode: str = "ok") -> dict:
                 "pci_bus_id": parts[3],
                 "compute_cap": "12.0",
                 "memory_total_mib": 97887,
+                **(wedged or {}).get(i, {}),
             }
         )
     config = tmp_path / "sim.json"
@@ -536,3 +539,132 @@ def test_stop_units_in_check_mode_only_reads(monkeypatch):
     units = gpu_release.stop_units(double, ["sglang.service"], check_mode=True)
     assert [c[0] for c in double.calls] == ["show"]
     assert gpu_release.unit_lines(units, check_mode=True)[-1] == "check mode: would stop/disable sglang.service"
+
+
+# ---------------------------------------------------------------- wedged GPUs, nvidia-smi timeouts
+
+
+def test_a_busy_gpu_with_no_process_is_wedged_and_fails_the_preflight_check(tmp_path, capsys):
+    # The report-only path is the deploy preflight's (roles/gpu_release/tasks/holders.yml).
+    wedged = {3: {"utilization_pct": 100, "leaked_mib": 40960}, 5: {"leaked_mib": 200}}  # GPU 5: below idle level
+    args = {**sim(tmp_path, wedged=wedged), "report_only": True, "fail_on_foreign_holders": True,
+            "wedged_window_s": 0.3, "clean_shm": False}  # fmt: skip
+    rc, out = run_main(args, capsys, check=False)
+    assert rc == 1
+    assert out["msg"].startswith("wedged GPU, needs `nvidia-smi -r` (with nothing using it) or a reboot: GPU 3 (GPU-")
+    text = "100 % utilisation and 40960 MiB used (idle <= 256 MiB) with no compute process over 3 readings in 0.3 s"
+    assert text in out["msg"]
+    assert out["msg"].endswith("Report only: nothing was stopped, signalled or removed.")
+    (gpu3,) = out["wedged"]
+    assert gpu3["index"] == 3 and gpu3["seconds"] == 0.3
+    assert [r["utilization_pct"] for r in gpu3["readings"]] == [100] * 3
+    assert any(line.startswith("GPU 3 (minor 1): no holders; ") and "WEDGED: 100 % utilisation" in line
+               and line.endswith("needs `nvidia-smi -r` or a reboot") for line in out["summary"])  # fmt: skip
+
+
+def test_an_idle_host_is_read_once(tmp_path, capsys, monkeypatch):
+    calls = []
+    real = gpu_release.Gpu.query_both
+    monkeypatch.setattr(gpu_release.Gpu, "query_both", lambda self: calls.append(1) or real(self))
+    rc, out = run_main({**sim(tmp_path), "report_only": True, "clean_shm": False}, capsys, check=False)
+    assert rc == 0 and out["wedged"] == [] and len(calls) == 1
+
+
+def test_wedged_needs_every_reading_busy_and_reads_again_only_what_looked_busy():
+    from ansible.module_utils import bws_gpu_health as health
+
+    def gpu(uuid, util, used):
+        return {"uuid": uuid, "bus_id": uuid.lower(), "index": 0, "utilization_gpu_pct": util, "memory_used_mib": used}
+
+    first = [gpu("A", 0, 0), gpu("B", 7, 0), gpu("C", 0, 3000), gpu("D", 100, 9000), gpu("E", 100, 9000)]
+    apps = [{"pid": 1, "gpu_uuid": "E", "bus_id": "e"}]  # E is in use: never suspicious
+    later = [gpu("A", 0, 0), gpu("B", 0, 0), gpu("C", 0, 3000), gpu("D", 100, 9000), gpu("E", 100, 9000)]
+    pauses = []
+    wedged, _, _ = health.wedged_gpus(first, apps, sample=lambda: (later, apps), keys={"A", "B", "C", "D", "E"},
+                                      window_s=1.5, sleep=pauses.append)  # fmt: skip
+    assert sorted(wedged) == ["C", "D"]  # B's utilisation was the tail of an average: idle on the next reading
+    assert pauses == [0.1, 0.2, 0.4, 0.8] and wedged["D"]["seconds"] == 1.5 and len(wedged["D"]["readings"]) == 5
+    pauses.clear()
+    wedged, _, _ = health.wedged_gpus(first[:2], [], sample=lambda: (later[:2], []), keys={"A", "B"},
+                                      sleep=pauses.append)  # fmt: skip
+    assert wedged == {} and pauses == [0.1], "a GPU that reads idle again costs one reading"
+    assert health.wedged_gpus(first, [], sample=None, keys={"A"}, sleep=pauses.append)[0] == {}
+
+
+def test_a_hung_nvidia_smi_ends_at_its_timeout_with_a_message_and_the_release_goes_on(tmp_path, capsys):
+    (tmp_path / "shm").mkdir()
+    (tmp_path / "shm" / "psm_stale").write_bytes(b"x")
+    args = {**sim(tmp_path, mode="hang"), "nvidia_smi_timeout_s": 0.5, "service_users": [str(os.geteuid())]}
+    t0 = time.monotonic()
+    rc, out = run_main(args, capsys, check=False)
+    assert time.monotonic() - t0 < 5
+    assert rc == 1
+    assert " --query-gpu=index," in out["msg"]
+    assert out["msg"].endswith("did not answer within 0.5 s (nvidia_smi_timeout_s) and was killed: the driver or a "
+                               "GPU is hung. Check dmesg for Xid errors; `nvidia-smi -r` (GPUs idle) or a reboot "
+                               "clears it.")
+    assert out["summary"][1].startswith("nvidia-smi gave no answer: GPU verification skipped")
+    assert not (tmp_path / "shm" / "psm_stale").exists(), "the release itself goes on without nvidia-smi"
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "sim.json")], capture_output=True, text=True, check=False)
+    assert left.stdout == "", "the hung calls (which ignore SIGTERM) were killed"
+
+
+def test_timed_runner_kills_the_whole_call_and_names_the_setting(tmp_path):
+    from ansible.module_utils import bws_nvidia as nv
+
+    script = tmp_path / "slow"
+    script.write_text("#!/bin/sh\nsleep 30\necho late\n")  # sh waits for its child: the group must be killed
+    script.chmod(0o755)
+    with pytest.raises(nv.NvidiaError) as exc:
+        nv.run_query(str(script), ["--query-gpu=index"], nv.timed_runner(0.2, "gpu_facts_timeout_s"))
+    assert exc.value.kind == "timeout"
+    assert str(exc.value).startswith(f"{script} --query-gpu=index did not answer within 0.2 s (gpu_facts_timeout_s)")
+
+
+# ---------------------------------------------------------------- state.json (teardown's record, state_dir)
+
+
+def serving_host(state_dir: Path, status: str = "serving") -> None:
+    release = state_dir / "releases" / "sglang-20261201-a"
+    release.mkdir(parents=True)
+    (release / "release.json").write_text(json.dumps(
+        {"id": "sglang-20261201-a", "engine": "sglang", "profile": "kimi", "unit": "sglang-kimi.service"}))
+    (state_dir / "state.json").write_text(json.dumps(
+        {"current": "sglang-20261201-a", "previous": "vllm-x", "status": status}, indent=2))
+
+
+def test_state_dir_records_the_release_as_stopped_honestly_in_check_mode_and_once(tmp_path, capsys):
+    state_dir = tmp_path / "state"
+    serving_host(state_dir)
+    before = (state_dir / "state.json").read_text()
+    args = {**sim(tmp_path), "state_dir": str(state_dir), "service_users": ["no-such-user-xyz"], "clean_shm": False,
+            "_ansible_diff": True}  # fmt: skip
+    rc, out = run_main(args, capsys, check=True)
+    assert rc == 0 and out["changed"] is True
+    assert (state_dir / "state.json").read_text() == before, "check mode writes nothing"
+    assert out["diff"]["before"] == before and '\n    "status": "stopped"\n' in out["diff"]["after"]
+    assert out["diff"]["before_header"] == str(state_dir / "state.json")
+    assert out["summary"][-1] == ("release sglang-20261201-a (sglang, profile kimi) would be recorded as stopped; "
+                                  "a deploy starts it again")  # fmt: skip
+    assert "sglang-kimi.service" in out["scope_description"], "the recorded release's unit is one of the units"
+
+    rc, out = run_main(args, capsys, check=False)
+    assert rc == 0 and out["changed"] is True
+    assert json.loads((state_dir / "state.json").read_text()) == {
+        "current": "sglang-20261201-a", "previous": "vllm-x", "status": "stopped"}
+    assert (state_dir / "state.json").read_text().startswith('{\n    "current": ')  # as to_nice_json writes it
+    assert out["summary"][-1].startswith("release sglang-20261201-a (sglang, profile kimi) is recorded as stopped")
+    rc, out = run_main(args, capsys, check=False)
+    assert rc == 0 and out["changed"] is False and out["release"]["state_changed"] is False
+
+
+def test_state_dir_without_a_deploy_and_after_a_failed_release(tmp_path, capsys):
+    args = {**sim(tmp_path, wedged={0: {"utilization_pct": 100}}), "state_dir": str(tmp_path / "none"),
+            "service_users": ["no-such-user-xyz"], "clean_shm": False, "wedged_window_s": 0.1}  # fmt: skip
+    rc, out = run_main(args, capsys, check=False)
+    assert rc == 1 and out["summary"][-2] == "no release recorded on this host"
+    serving_host(tmp_path / "none")
+    rc, out = run_main(args, capsys, check=False)
+    assert rc == 1 and out["msg"].startswith("wedged GPU") and "diff" not in out
+    assert json.loads((tmp_path / "none" / "state.json").read_text())["status"] == "serving", "a failed teardown"
+    assert out["summary"][-2] == "release sglang-20261201-a (sglang, profile kimi): state.json left as it was (serving)"

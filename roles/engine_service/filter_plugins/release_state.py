@@ -1,97 +1,29 @@
-"""The host's release state (state.json): which release serves, which one served before, and what happens to
-them on a switch, a rollback, a teardown and when old releases are pruned.
-
-state.json holds {"current", "previous", "status"[, "failed"]}:
-- status "serving": `current` answered /health and passed its gate;
-- status "switching": a deploy stopped what served and is starting `current`; it is not known to serve
-  (an interrupted deploy leaves this; its re-run finishes it), and `previous` is the last release that served;
-- status "stopped": teardown stopped `current`; it served before and may be rolled back to.
-A state.json written before "status" existed is read as serving.
-"""
+"""The release_state filters: state.json transitions, defined once in module_utils/bws_release_state.py (the
+gpu_release module records a teardown on the target with the same functions)."""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+import sys
+from pathlib import Path
 
-STATUSES = ("serving", "switching", "stopped")
+_NAME = "bws_release_state"
+if _NAME not in sys.modules:
+    _PATH = Path(__file__).resolve().parents[3] / "module_utils" / f"{_NAME}.py"
+    _SPEC = importlib.util.spec_from_file_location(_NAME, _PATH)
+    _MODULE = importlib.util.module_from_spec(_SPEC)
+    sys.modules[_NAME] = _MODULE
+    _SPEC.loader.exec_module(_MODULE)
+_rs = sys.modules[_NAME]
 
-
-def release_state(raw: Any) -> dict:
-    """Normalise the parsed state.json (None when absent) to {current, previous, status}."""
-    state = dict(raw) if isinstance(raw, dict) else {}
-    status = state.get("status") or ("serving" if state.get("current") else "stopped")
-    if status not in STATUSES:
-        raise ValueError(f"state.json has an unknown status {status!r} (known: {', '.join(STATUSES)})")
-    return {**state, "current": state.get("current"), "previous": state.get("previous"), "status": status}
-
-
-def release_last_good(state: dict) -> str | None:
-    """The newest release known to have served: current unless a switch to it never finished."""
-    state = release_state(state)
-    return state["previous"] if state["status"] == "switching" else state["current"]
-
-
-def release_rollback_target(state: dict, release_id: str) -> str | None:
-    """The release a failed deploy of `release_id` goes back to: never `release_id` itself."""
-    state = release_state(state)
-    good = release_last_good(state)
-    if good and good != release_id:
-        return good
-    previous = state["previous"]
-    return previous if previous and previous != release_id and state["status"] != "switching" else None
-
-
-def release_state_switching(state: dict, release_id: str) -> dict:
-    """Written before the switch: `release_id` is being started, the last good release is kept as previous."""
-    return {"current": release_id, "previous": release_rollback_target(state, release_id), "status": "switching"}
-
-
-def release_state_serving(state: dict, release_id: str) -> dict:
-    """Written once `release_id` answered /health and passed its gate."""
-    state = release_state(state)
-    if state["current"] == release_id:
-        return {"current": release_id, "previous": state["previous"], "status": "serving"}
-    return {"current": release_id, "previous": release_rollback_target(state, release_id), "status": "serving"}
-
-
-def release_state_rolled_back(before: dict, rollback_to: str, failed: str) -> dict:
-    """After a failed deploy of `failed`: `rollback_to` serves again; its own predecessor stays previous."""
-    before = release_state(before)
-    good = release_last_good(before)
-    candidates = [good, before["previous"]]
-    previous = next((r for r in candidates if r and r not in (rollback_to, failed)), None)
-    return {"current": rollback_to, "previous": previous, "status": "serving", "failed": failed}
-
-
-def release_state_stopped(state: dict) -> dict:
-    """After teardown: nothing serves; a switch that never finished leaves its predecessor as the one to keep."""
-    state = release_state(state)
-    if not state["current"]:
-        return state
-    if state["status"] == "switching":
-        return {"current": state["previous"], "previous": None, "status": "stopped"} if state["previous"] \
-            else {"current": None, "previous": None, "status": "stopped"}
-    return {"current": state["current"], "previous": state["previous"], "status": "stopped"}
-
-
-def releases_to_prune(directories: list[dict], keep: int, protected: list[Any]) -> list[str]:
-    """Release directories beyond the newest `keep` (by mtime) besides the protected ones (current, previous),
-    which are never pruned. `directories` are ansible.builtin.find results (path, mtime)."""
-    if int(keep) < 0:
-        raise ValueError(f"engine_service_keep_releases must be 0 or more, got {keep}")
-    keep_ids = {str(p) for p in protected if p}
-    newest_first = sorted(directories, key=lambda d: (float(d["mtime"]), d["path"]), reverse=True)
-    kept = 0
-    prune = []
-    for directory in newest_first:
-        name = directory["path"].rstrip("/").rsplit("/", 1)[-1]
-        if name in keep_ids:
-            continue
-        if kept < int(keep):
-            kept += 1
-            continue
-        prune.append(directory["path"])
-    return prune
+release_state = _rs.release_state
+release_last_good = _rs.release_last_good
+release_rollback_target = _rs.release_rollback_target
+release_state_switching = _rs.release_state_switching
+release_state_serving = _rs.release_state_serving
+release_state_rolled_back = _rs.release_state_rolled_back
+release_state_stopped = _rs.release_state_stopped
+releases_to_prune = _rs.releases_to_prune
 
 
 class FilterModule:
@@ -102,6 +34,5 @@ class FilterModule:
             "release_state_switching": release_state_switching,
             "release_state_serving": release_state_serving,
             "release_state_rolled_back": release_state_rolled_back,
-            "release_state_stopped": release_state_stopped,
             "releases_to_prune": releases_to_prune,
         }
