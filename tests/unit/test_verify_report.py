@@ -26,7 +26,7 @@ def bench(throughput: float, completed: int = 8) -> dict:
 
 WORKLOADS = {"sharegpt": {"dataset": "sharegpt", "subset_sha256": "ab" * 32, "output_len": 256, "temperature": 0.0},
              "random": {"dataset": "random", "input_len": 512, "output_len": 256, "temperature": 0.0}}
-KEY = {"engine": "vllm", "engine_version": "0.33.0", "model_path": "/srv/models/kimi", "model_revision": "c0ffee",
+KEY = {"engine": "vllm", "engine_version": "0.33.0", "model": "c0ffee",
        "tensor_parallel_size": 8, "gpu_model": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "workloads": WORKLOADS}
 
 
@@ -125,7 +125,7 @@ def test_recorded_baseline_of_the_same_key_gates_without_warnings_despite_anothe
 
 
 def test_recorded_baseline_of_another_key_is_not_used():
-    other = recorded(baseline_key={**KEY, "model_revision": "deadbeef"})
+    other = recorded(baseline_key={**KEY, "model": "deadbeef"})
     report, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=other), bws_metrics)
     assert not report["gate"]["passed"] and "speedup" not in report["levels"][0]
     assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1")
