@@ -31,7 +31,7 @@ from sglang_resolve import resolve_path
 from vllm_helpers import contract_venv, pinned_vllm_version
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
-from verify_helpers import (  # noqa: E402
+from verify_helpers import (
     SHAREGPT_FIXTURE,
     EngineDouble,
     host_report_dir,

@@ -82,7 +82,8 @@ def sampling(args: argparse.Namespace) -> dict[str, object]:
     names one (sglang/benchmark/serving.py); vLLM a temperature only when given (vllm/benchmarks/serve.py)."""
     if hasattr(args, "extra_request_body"):
         return {"temperature": 0.0, "ignore_eos": True, **json.loads(args.extra_request_body or "{}")}
-    return {"ignore_eos": bool(args.ignore_eos)} | ({} if args.temperature is None else {"temperature": args.temperature})
+    temperature = {} if args.temperature is None else {"temperature": args.temperature}
+    return {"ignore_eos": bool(args.ignore_eos), **temperature}
 
 
 def post_completion(base_url: str, model: str, prompt: str, max_tokens: int,
