@@ -5,13 +5,13 @@ venvs, run with the arguments the verify role builds from the pinned locks' `ben
 fixture, with a tokenizer that loads only with trust_remote_code (custom code through `auto_map`, as Kimi's).
 Two playbook runs share the doubles:
 
-1. `record` serves a profile without speculation: its run records the baseline on the host. `vllm` serves a
-   speculative vLLM release with trust_remote_code on a host where nothing was recorded: the report is written
-   and the gate fails "speed-up not measured". Beside it, vLLM's client without --trust-remote-code fails on
-   the same tokenizer.
+1. `record` serves a profile without speculation; its run (verify_mode=baseline: no smoke) records the baseline
+   on the host. Beside it, vLLM's client without --trust-remote-code fails on the tokenizer.
 2. Copies of `record`'s state directory switched to speculative releases (another profile name, same model
    revision): `slow` (0.66x) fails the gate on the ratio, `fast` (1.8x) passes, both without a warning;
-   `other_commit`'s model directory records another revision, so the recorded baseline is not used.
+   `other_commit`'s model directory records another revision, so the recorded baseline is not used. `vllm`
+   serves a speculative vLLM release with trust_remote_code on a host where nothing was recorded: the report is
+   written and the gate fails "speed-up not measured".
 """
 
 from __future__ import annotations
@@ -112,8 +112,7 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
         untrusted = _vllm_without_trust(clients["vllm_venv"] / "bin" / "python", doubles["vfast"], work, env)
         first = work / "first.yml"
         write_inventory(first, {
-            "record": host("record", doubles["base"], "kimi-plain", model),
-            "vllm": host("vllm", doubles["vfast"], "kimi-eagle3", model),
+            "record": host("record", doubles["base"], "kimi-plain", model, verify_mode="baseline"),
         })
         result_1 = run_playbook(first, env=env, timeout_s=300, verbosity='-v')
         print(f"first playbook run done at {time.monotonic() - started:.1f} s")
@@ -127,6 +126,7 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
             "fast": host("fast", doubles["fast"], "kimi-eagle3", model, state=work / "state" / "fast"),
             "other_commit": host("other_commit", doubles["fast2"], "kimi-eagle3", other_model,
                                  state=work / "state" / "other_commit"),
+            "vllm": host("vllm", doubles["vfast"], "kimi-eagle3", model),
         })
         result_2 = run_playbook(second, env=env, timeout_s=300, verbosity='-v')
         print(f"second playbook run done at {time.monotonic() - started:.1f} s")
