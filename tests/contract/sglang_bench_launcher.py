@@ -1,6 +1,6 @@
 """`python -m MODULE ARGS` for SGLang's benchmark client in the CPU contract venv:
     <contract python> sglang_bench_launcher.py PATHS MODULE ARGS...
-PATHS (os.pathsep-separated) go first on sys.path: the test stubs (tests/contract/stubs/bench: `datasets`;
+PATHS (os.pathsep-separated) go first on sys.path: the test stubs (tests/contract/bench_stubs: `datasets`;
 tests/contract/stubs/resolve: the triton/torchvision shim) and the resolution overlay, whose transformers the
 client imports. Then MODULE runs as __main__ with ARGS, exactly as `python -m` would run it on a GPU host.
 """

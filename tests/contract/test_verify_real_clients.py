@@ -32,6 +32,7 @@ from vllm_helpers import contract_venv, pinned_vllm_version
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
 from verify_helpers import (
+    BENCH_DOUBLE,
     SHAREGPT_FIXTURE,
     EngineDouble,
     host_report_dir,
@@ -44,7 +45,8 @@ pytestmark = pytest.mark.contract
 
 TOKENIZER = REPO_ROOT / "tests" / "fixtures" / "tokenizer-remote-code"
 LAUNCHER = Path(__file__).resolve().parent / "sglang_bench_launcher.py"
-BENCH_STUBS = Path(__file__).resolve().parent / "stubs" / "bench"
+# Not under stubs/: those are hashed into the contract venv's recipe; these only go on the launcher's path.
+BENCH_STUBS = Path(__file__).resolve().parent / "bench_stubs"
 SPEED = {"ENGINE_DOUBLE_TOKENS_PER_S": "50"}
 # speculative output tok/s = accept length / spec cost x base: 1.18/1.78 = 0.66x, 2.95/1.64 = 1.8x
 SLOW = {**SPEED, "ENGINE_DOUBLE_ACCEPT_RATE": "0.15", "ENGINE_DOUBLE_SPEC_COST": "1.78"}
@@ -132,8 +134,8 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
         print(f"second playbook run done at {time.monotonic() - started:.1f} s")
         output = result_1.stdout + result_1.stderr + result_2.stdout + result_2.stderr
         (work / "ansible-playbook.log").write_text(output, encoding="utf-8")
-        yield {"output": output, "reports": reports, "work": work, "untrusted": (untrusted.returncode,
-                                                                                 untrusted_output)}
+        yield {"output": output, "reports": reports, "work": work, "doubles": doubles,
+               "untrusted": (untrusted.returncode, untrusted_output)}
     finally:
         for double in doubles.values():
             double.stop()
@@ -213,3 +215,29 @@ def test_a_baseline_of_another_model_commit_is_not_used(runs):
     assert "speedup" not in report["levels"][0]
     assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1")
     assert report["baseline_key"]["model"].startswith("deadbeef")
+
+
+@pytest.mark.parametrize(("host", "double", "prefix"), [("slow", "slow", []), ("vllm", "vfast", ["bench", "serve"])])
+def test_the_bench_client_double_writes_the_keys_the_real_client_writes(runs, host, double, prefix):
+    """Where the real client cannot run (the container hosts), the double stands in: same flags, same JSON keys."""
+    engine = runs["doubles"][double]
+    out = runs["work"] / f"double-{host}"
+    common = ["--base-url", engine.base_url, "--model", engine.served_name, "--tokenizer", str(TOKENIZER),
+              "--dataset-name", "sharegpt", "--dataset-path", str(SHAREGPT_FIXTURE), "--sharegpt-output-len", "8",
+              "--num-prompts", "2", "--max-concurrency", "1", "--request-rate", "inf"]
+    if prefix:
+        flavour = ["--backend", "openai", "--ignore-eos", "--temperature", "0.0", "--num-warmups", "0",
+                   "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99", "--save-result",
+                   "--result-dir", str(out), "--result-filename", "r.json"]
+    else:
+        flavour = ["--backend", "sglang-oai", "--warmup-requests", "0", "--extra-request-body", '{"temperature":0.0}',
+                   "--output-file", str(out / "r.json")]
+    out.mkdir()
+    subprocess.run([sys.executable, str(BENCH_DOUBLE), *prefix, *common, *flavour], check=True, capture_output=True,
+                   timeout=60)
+    written = json.loads((out / "r.json").read_text().splitlines()[-1])
+    real = _inputs(runs, host)["bench"]["levels"][0]["result"]
+    assert set(written) - {"tag"} <= set(real), set(written) - {"tag"} - set(real)
+    read_by_verify = {"output_throughput", "completed", "duration", "total_output_tokens", "request_throughput",
+                      "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms"}
+    assert read_by_verify <= set(real) and read_by_verify <= set(written)
