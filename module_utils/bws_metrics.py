@@ -234,8 +234,12 @@ class GateResult:
 
 def evaluate_gate(*, throughput: dict[int, float], baseline: dict[int, float] | None,
                   acceptance: dict[int, Acceptance], gate_levels: list[int], min_speedup: float,
-                  min_accept_rate: float, require_baseline: bool) -> GateResult:
-    """Decide pass/fail for the speculative run: speed-up per gated level and acceptance per level."""
+                  min_accept_rate: float, allow_missing_baseline: bool,
+                  missing_reasons: dict[int, str] | None = None) -> GateResult:
+    """Decide pass/fail for the speculative run: speed-up per gated level and acceptance per level.
+
+    A gated level without a comparable baseline fails ("speed-up not measured", with the reason from
+    `missing_reasons` when one is given) unless `allow_missing_baseline`, which makes it a warning."""
     failures: list[str] = []
     warnings: list[str] = []
     checks: list[dict[str, object]] = []
@@ -245,9 +249,10 @@ def evaluate_gate(*, throughput: dict[int, float], baseline: dict[int, float] | 
             continue
         reference = (baseline or {}).get(level)
         if reference is None:
-            text = (f"no baseline for concurrency {level}: the speed-up of speculative decoding was NOT "
-                    "measured (record one with verify_mode=baseline)")
-            (failures if require_baseline else warnings).append(text)
+            why = (missing_reasons or {}).get(level) or "no comparable baseline"
+            text = (f"speed-up not measured at concurrency {level}: {why} (verify a profile without speculation "
+                    "on the same model, engine, tensor parallel size and GPU first: it records one on the host)")
+            (warnings if allow_missing_baseline else failures).append(text)
             checks.append({"check": "speed-up", "concurrency": level, "status": "no baseline"})
         else:
             ratio = throughput[level] / reference

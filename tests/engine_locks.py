@@ -128,6 +128,10 @@ def lock_problems(lock: dict[str, Any], path: Path) -> list[str]:
     bench = lock["bench"]
     if not isinstance(bench, dict) or not {"module", "argv"} <= set(bench):
         problems.append(f"{path.name}: bench must be a mapping with 'module' and 'argv'")
+    elif not {"workloads", "options", "switches"} <= set(bench) or \
+            not {"sharegpt", "random"} <= set(bench["workloads"] or {}):
+        problems.append(f"{path.name}: bench needs 'workloads' (sharegpt and random), 'options' and 'switches' "
+                        "(roles/verify/filter_plugins/bench_argv.py builds the client's flags from them)")
     return problems
 
 

@@ -42,16 +42,20 @@ def test_client_module_is_the_locked_one(client: dict[str, list[str]]) -> None:
 def test_every_bench_flag_exists(client: dict[str, list[str]]) -> None:
     bench = pinned_sglang_lock()["bench"]
     flags = [token for token in bench["argv"] if token.startswith("--")]
+    flags += [token for words in bench["workloads"].values() for token in words if token.startswith("--")]
     flags += [flag for names in bench["options"].values() for flag in names]
+    flags += [flag for names in (bench["switches"] or {}).values() for flag in names]
     unknown = [flag for flag in flags if flag not in client["options"]]
     assert unknown == [], f"flags the locked client does not define: {unknown}"
 
 
 def test_bench_values_are_known_to_the_client(client: dict[str, list[str]]) -> None:
-    argv = pinned_sglang_lock()["bench"]["argv"]
-    for flag in ("--backend", "--dataset-name"):
-        value = argv[argv.index(flag) + 1]
-        assert value in client["strings"], f"{flag} {value}: not a name the client knows"
+    bench = pinned_sglang_lock()["bench"]
+    for argv in [bench["argv"], *bench["workloads"].values()]:
+        for flag in ("--backend", "--dataset-name"):
+            if flag in argv:
+                value = argv[argv.index(flag) + 1]
+                assert value in client["strings"], f"{flag} {value}: not a name the client knows"
 
 
 def test_reader_would_notice_a_wrong_flag(client: dict[str, list[str]]) -> None:

@@ -43,15 +43,20 @@ def build_parser(flavour: str) -> argparse.ArgumentParser:
     add("--num-prompts", type=int, required=True)
     add("--max-concurrency", type=int, required=True)
     add("--request-rate", default="inf")
-    add("--random-input-len", type=int, required=True)
-    add("--random-output-len", type=int, required=True)
+    add("--random-input-len", type=int, default=1024)
+    add("--random-output-len", type=int, default=128)
     add("--random-range-ratio", type=float, default=0.0)
+    add("--dataset-path", default="")
+    add("--sharegpt-output-len", type=int)
     add("--seed", type=int, default=0)
     if flavour == "sglang":
         add("--output-file", required=True)
         add("--warmup-requests", type=int, default=1)
         add("--disable-ignore-eos", action="store_true")
+        add("--extra-request-body", default="")
     else:
+        add("--temperature", type=float)
+        add("--trust-remote-code", action="store_true")
         add("--endpoint", default="/v1/completions")
         add("--ignore-eos", action="store_true")
         add("--num-warmups", type=int, default=0)
@@ -72,9 +77,18 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
 
 
-def post_completion(base_url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True}).encode()
+def sampling(args: argparse.Namespace) -> dict[str, object]:
+    """What the real clients put in each request body: SGLang temperature 0.0 unless --extra-request-body
+    names one (sglang/benchmark/serving.py); vLLM a temperature only when given (vllm/benchmarks/serve.py)."""
+    if hasattr(args, "extra_request_body"):
+        return {"temperature": 0.0, "ignore_eos": True, **json.loads(args.extra_request_body or "{}")}
+    temperature = {} if args.temperature is None else {"temperature": args.temperature}
+    return {"ignore_eos": bool(args.ignore_eos), **temperature}
+
+
+def post_completion(base_url: str, model: str, prompt: str, max_tokens: int,
+                    extra: dict[str, object]) -> tuple[float, int]:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, **extra}).encode()
     request = urllib.request.Request(f"{base_url.rstrip('/')}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     key = os.environ.get("OPENAI_API_KEY")
@@ -86,20 +100,34 @@ def post_completion(base_url: str, model: str, prompt: str, max_tokens: int) -> 
     return time.perf_counter() - start, int(payload["usage"]["completion_tokens"])
 
 
+def sharegpt_prompts(path: str, count: int, seed: int) -> list[str]:
+    """First human turns of the ShareGPT file, sampled as the real clients do (a seeded shuffle)."""
+    conversations = json.loads(Path(path).read_text(encoding="utf-8"))
+    prompts = [c["conversations"][0]["value"] for c in conversations if len(c.get("conversations", [])) >= 2]
+    random.Random(seed).shuffle(prompts)
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
 def run_requests(args: argparse.Namespace, model: str, count: int) -> Outcome:
     rng = random.Random(args.seed)
-    prompts = [" ".join(f"w{rng.randrange(30000)}" for _ in range(args.random_input_len)) for _ in range(count)]
+    if args.dataset_name == "sharegpt":
+        prompts = sharegpt_prompts(args.dataset_path, count, args.seed)
+        output_len = args.sharegpt_output_len
+    else:
+        prompts = [" ".join(f"w{rng.randrange(30000)}" for _ in range(args.random_input_len)) for _ in range(count)]
+        output_len = args.random_output_len
+    extra = sampling(args)
     outcome = Outcome()
 
     def one(prompt: str) -> None:
         try:
-            latency, produced = post_completion(args.base_url, model, prompt, args.random_output_len)
+            latency, produced = post_completion(args.base_url, model, prompt, output_len, extra)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
             outcome.errors.append(str(exc))
             return
         outcome.latencies.append(latency)
         outcome.output_lens.append(produced)
-        outcome.input_lens.append(args.random_input_len)
+        outcome.input_lens.append(len(prompt.split()))
 
     with ThreadPoolExecutor(max_workers=max(1, args.max_concurrency)) as pool:
         list(pool.map(one, prompts))
@@ -170,7 +198,7 @@ def sglang_main(args: argparse.Namespace) -> int:
     result: dict[str, object] = {
         "tag": DOUBLE_MARKER, "backend": args.backend, "dataset_name": args.dataset_name,
         "request_rate": float(args.request_rate), "max_concurrency": args.max_concurrency,
-        "sharegpt_output_len": None, "random_input_len": args.random_input_len,
+        "sharegpt_output_len": args.sharegpt_output_len, "random_input_len": args.random_input_len,
         "random_output_len": args.random_output_len, "random_range_ratio": args.random_range_ratio,
         "server_info": None, "duration": duration, "completed": completed,
         "total_input_tokens": total_in, "total_input_text_tokens": total_in, "total_input_vision_tokens": 0,
@@ -261,8 +289,12 @@ def main(argv: list[str]) -> int:
         # Both real clients treat a missing local path as a hub id and fail offline; so does the double.
         print(f"bench_client_double: tokenizer {args.tokenizer!r} is not a local path", file=sys.stderr)
         return 2
-    if args.dataset_name not in ("random", "random-ids"):
+    if args.dataset_name not in ("random", "random-ids", "sharegpt"):
         print(f"bench_client_double: dataset {args.dataset_name!r} is not offline", file=sys.stderr)
+        return 2
+    if args.dataset_name == "sharegpt" and not Path(args.dataset_path).is_file():
+        # With no --dataset-path both real clients download ShareGPT from the Hub, which fails offline.
+        print(f"bench_client_double: sharegpt needs a local --dataset-path, got {args.dataset_path!r}", file=sys.stderr)
         return 2
     return sglang_main(args) if flavour == "sglang" else vllm_main(args)
 

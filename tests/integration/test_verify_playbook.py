@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from verify_helpers import (
     BENCH_DOUBLE,
+    SHAREGPT_FIXTURE,
     EngineDouble,
     host_report_dir,
     run_bench_double,
@@ -67,6 +68,14 @@ def run(tmp_path_factory: pytest.TempPathFactory):
             speculative=True,
             env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.8", "ENGINE_DOUBLE_SPEC_COST": "1.64"},
         ),
+        # The same speculative engine on a host where nothing was recorded (its own double: the window counters
+        # of `fast` must see only the `fast` host's benchmark).
+        "unmeasured": EngineDouble(
+            work,
+            "unmeasured",
+            speculative=True,
+            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.8", "ENGINE_DOUBLE_SPEC_COST": "1.64"},
+        ),
         "vllm": EngineDouble(
             work,
             "vllm",
@@ -85,7 +94,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
     try:
         for double in doubles.values():
             double.wait_listening()
-        for name in ("base", "slow", "fast", "vllm", "thinking", "vthinking", "garbage", "deadlock"):
+        for name in ("base", "slow", "fast", "unmeasured", "vllm", "thinking", "vthinking", "garbage", "deadlock"):
             _wait_healthy(doubles[name])
         # The recorded baseline: the same bench client against the double without speculation.
         baseline = {
@@ -129,6 +138,8 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                     },
                 ),
                 ("baseline", "base", {"verify_mode": "baseline"}),
+                # A speculative profile and nothing recorded on the host: the speed-up is not measured.
+                ("no_baseline", "unmeasured", {}),
                 ("open_key", "base", {"verify_mode": "smoke", "sglang_api_key": UNENFORCED_KEY}),
                 (
                     "hang",
@@ -191,7 +202,7 @@ def _wait_healthy(double: EngineDouble) -> None:
 
 
 def _host(double: EngineDouble, tokenizer: Path, report_root: Path, state_dir: Path, **extra: object) -> dict:
-    command = [sys.executable, str(BENCH_DOUBLE)] + (["bench", "serve"] if double.flavour == "vllm" else [])
+    command = [sys.executable, str(BENCH_DOUBLE)]  # the vLLM recipe's argv starts with `bench serve`
     write_serving_state(state_dir, double, tokenizer, "p")
     return {
         # What serves is read from the host's state (each scenario its own); the test runs as the user that
@@ -207,6 +218,7 @@ def _host(double: EngineDouble, tokenizer: Path, report_root: Path, state_dir: P
         "verify_bench_prompts_per_concurrency": WORKLOAD["per_concurrency"],
         "verify_bench_warmup_requests": 0,
         "verify_report_dir": str(report_root),
+        "verify_sharegpt_subset": str(SHAREGPT_FIXTURE),
         **extra,
     }
 
@@ -277,6 +289,27 @@ def test_acceptance_is_counted_over_the_benchmark_window_only(run):
     )
     # The 1-token requests before the window drag the since-start average down; the window ignores them.
     assert since_start["value"] < min(row["acceptance"]["length"] for row in report["levels"]) - 0.3
+
+
+def test_no_baseline_fails_the_gate_speed_up_not_measured(run):
+    assert _recap(run["output"], "no_baseline")["failed"] == 1
+    report = _report(run, "no_baseline")
+    assert not report["gate"]["passed"]
+    assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1: no comparable baseline")
+    assert report["baseline"]["source"].startswith("none: no baseline recorded on the host")
+    assert "verify gate FAILED on no_baseline: speed-up not measured at concurrency 1" in run["output"]
+
+
+def test_gated_levels_run_sharegpt_and_the_others_random_tokens(run):
+    report = _report(run, "fast")
+    assert {row["concurrency"]: row["workload"] for row in report["levels"]} == {1: "sharegpt", 8: "random"}
+    inputs = json.loads((host_report_dir(run["reports"], "fast") / "inputs.json").read_text())
+    results = {level["concurrency"]: level["result"] for level in inputs["bench"]["levels"]}
+    assert results[1]["dataset_name"] == "sharegpt" and results[1]["sharegpt_output_len"] == WORKLOAD["output_len"]
+    assert results[8]["dataset_name"] == "random-ids" and results[8]["random_input_len"] == WORKLOAD["input_len"]
+    assert report["workloads"]["sharegpt"]["temperature"] == 0.0
+    markdown = (host_report_dir(run["reports"], "fast") / "report.md").read_text()
+    assert re.search(r"^\| 1 \| .* \| yes \| sharegpt \|$", markdown, re.MULTILINE), markdown
 
 
 def test_vllm_acceptance_matches_the_clients_own_window(run):

@@ -26,6 +26,11 @@ sys.path.insert(0, str(REPO / "module_utils"))
 
 import bws_metrics  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests"))
+from engine_locks import pinned_version  # noqa: E402
+
+SHAREGPT_FIXTURE = REPO / "tests" / "fixtures" / "sharegpt" / "sharegpt-v3-8.json"
+
 
 def free_port() -> int:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
@@ -208,17 +213,21 @@ def run_bench_double(
     return json.loads(out.read_text().splitlines()[-1])
 
 
-def write_serving_state(state_dir: Path, double: EngineDouble, tokenizer: Path, profile: str) -> None:
+def write_serving_state(state_dir: Path, double: EngineDouble, tokenizer: Path, profile: str, *,
+                        trust_remote_code: bool = False, model_paths: list[str] | None = None,
+                        max_running_requests: int | None = None, venv: str | None = None) -> None:
     """state.json and release.json as a deploy of `double` leaves them (roles/engine_service): verify.yml
-    reads what serves from the host."""
+    reads what serves from the host. The engine version is the pinned one: verify runs the client of its lock."""
     release_id = f"{double.flavour}-{double.name}"
     release = {
-        "id": release_id, "engine": double.flavour, "engine_version": "test-double", "profile": profile,
+        "id": release_id, "engine": double.flavour, "engine_version": pinned_version(double.flavour),
+        "profile": profile,
         "unit": f"{double.flavour}.service", "port": double.port, "listen_address": "127.0.0.1",
         "base_url": double.base_url, "served_model_name": double.served_name, "tokenizer": str(tokenizer),
-        "trust_remote_code": False, "speculative": double.speculative,
+        "trust_remote_code": trust_remote_code, "speculative": double.speculative,
         "speculative_num_steps": double.num_steps if double.speculative else 0, "speculative_settings": {},
-        "venv": f"/opt/{double.flavour}/venv",
+        "venv": venv or f"/opt/{double.flavour}/venv", "model_paths": model_paths or [], "tensor_parallel_size": 1,
+        "max_running_requests": max_running_requests,
     }
     (state_dir / "releases" / release_id).mkdir(parents=True, exist_ok=True)
     (state_dir / "releases" / release_id / "release.json").write_text(json.dumps(release, indent=2))
@@ -237,10 +246,12 @@ def write_inventory(path: Path, hosts: dict[str, dict]) -> None:
 
 
 def run_playbook(
-    inventory: Path, playbook: str = "playbooks/verify.yml", *extra: str, timeout_s: float = 150
+    inventory: Path, playbook: str = "playbooks/verify.yml", *extra: str, timeout_s: float = 150,
+    env: dict[str, str] | None = None, verbosity: str = "-vvv",
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
+        **(env or {}),
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_NOCOLOR": "1",
@@ -250,7 +261,7 @@ def run_playbook(
     venv_bin = Path(sys.executable).parent
     program = str(venv_bin / "ansible-playbook") if (venv_bin / "ansible-playbook").exists() else "ansible-playbook"
     return subprocess.run(
-        [program, "-i", str(inventory), playbook, "-vvv", *extra],
+        [program, "-i", str(inventory), playbook, verbosity, *extra],
         cwd=REPO,
         env=env,
         capture_output=True,

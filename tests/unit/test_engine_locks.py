@@ -93,9 +93,10 @@ def test_reader_accepts_the_real_lock(good_lock: dict[str, Any]) -> None:
     (lambda lock: lock["contract"].pop("packages"), "contract lacks 'packages'"),
     (lambda lock: lock.update(pinned="yes"), "pinned must be true or false"),
     (lambda lock: lock.update(bench={"argv": []}), "bench must be a mapping with 'module' and 'argv'"),
+    (lambda lock: lock["bench"]["workloads"].pop("sharegpt"), "bench needs 'workloads' (sharegpt and random)"),
 ], ids=["no-torch", "float-version", "range-version", "range-requirement", "engine-unpinned",
         "torch-mismatch", "cuda-contract-torch", "contract-engine", "contract-packages", "pinned-string",
-        "bench-module"])
+        "bench-module", "bench-workloads"])
 def test_reader_reports_what_is_wrong(good_lock: dict[str, Any], change: Any, message: str) -> None:
     change(good_lock)
     problems = lock_problems(good_lock, PATH)

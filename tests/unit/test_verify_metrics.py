@@ -130,7 +130,7 @@ def test_gate_fails_on_the_slow_level_and_says_by_how_much():
         gate_levels=[1, 8],
         min_speedup=1.0,
         min_accept_rate=0.0,
-        require_baseline=False,
+        allow_missing_baseline=False,
     )
     assert not gate.passed
     assert gate.failures == [
@@ -148,7 +148,7 @@ def test_gate_checks_acceptance_against_its_minimum():
         gate_levels=[1],
         min_speedup=1.0,
         min_accept_rate=0.4,
-        require_baseline=False,
+        allow_missing_baseline=False,
     )
     assert gate.failures == [
         "acceptance rate 15.0% at concurrency 1 is below the 40.0% minimum "
@@ -161,13 +161,13 @@ def test_gate_checks_acceptance_against_its_minimum():
         gate_levels=[1],
         min_speedup=1.0,
         min_accept_rate=0.4,
-        require_baseline=False,
+        allow_missing_baseline=False,
     )
     assert "could not be measured (/metrics not available)" in unmeasured.failures[0]
 
 
-@pytest.mark.parametrize(("require", "passed"), [(False, True), (True, False)])
-def test_missing_baseline_warns_or_fails(require, passed):
+@pytest.mark.parametrize(("allow", "passed"), [(False, False), (True, True)])
+def test_missing_baseline_fails_unless_allowed(allow, passed):
     gate = m.evaluate_gate(
         throughput={1: 54.6},
         baseline=None,
@@ -175,11 +175,29 @@ def test_missing_baseline_warns_or_fails(require, passed):
         gate_levels=[1],
         min_speedup=1.0,
         min_accept_rate=0.0,
-        require_baseline=require,
+        allow_missing_baseline=allow,
     )
     assert gate.passed is passed
-    text = (gate.failures if require else gate.warnings)[0]
-    assert text.startswith("no baseline for concurrency 1: the speed-up of speculative decoding was NOT measured")
+    text = (gate.warnings if allow else gate.failures)[0]
+    assert text.startswith("speed-up not measured at concurrency 1: no comparable baseline (verify a profile")
+
+
+def test_missing_baseline_says_why_the_level_is_not_comparable():
+    gate = m.evaluate_gate(
+        throughput={1: 54.6, 32: 300.0},
+        baseline={1: 30.0},
+        acceptance={},
+        gate_levels=[1, 32],
+        min_speedup=1.0,
+        min_accept_rate=0.0,
+        allow_missing_baseline=False,
+        missing_reasons={32: "concurrency 32 is above the request cap 16"},
+    )
+    assert gate.failures == [
+        "speed-up not measured at concurrency 32: concurrency 32 is above the request cap 16 (verify a profile "
+        "without speculation on the same model, engine, tensor parallel size and GPU first: it records one on "
+        "the host)"
+    ]
 
 
 def test_a_gated_level_that_was_not_benchmarked_fails():
@@ -190,7 +208,7 @@ def test_a_gated_level_that_was_not_benchmarked_fails():
         gate_levels=[1, 8],
         min_speedup=1.0,
         min_accept_rate=0.0,
-        require_baseline=False,
+        allow_missing_baseline=False,
     )
     assert gate.failures == ["concurrency 8 is gated but was not benchmarked"]
 

