@@ -29,6 +29,11 @@ options:
     description: Fail when nvidia-smi or the driver is missing; when false, return RV(available=false).
     type: bool
     default: true
+  mig:
+    description:
+      - Also read each GPU's current MIG mode (one more nvidia-smi query) into RV(gpus[].mig_mode).
+    type: bool
+    default: false
   timeout_s:
     description:
       - Seconds each nvidia-smi call may take. Past it the call is killed and the module fails saying so (a hung
@@ -94,6 +99,7 @@ gpus:
       C(0000:00:06.0)), minor (device minor from the driver, null when unknown), minor_source, compute_cap,
       driver_version, memory_used_mib, memory_total_mib, utilization_gpu_pct, persistence_mode (bool), and
       processes (pid, name, used_mib).
+    - With O(mig=true) also mig_mode - C(Enabled), C(Disabled), or null where the board has no MIG.
   returned: always
   type: list
   elements: dict
@@ -125,7 +131,21 @@ ARGUMENT_SPEC = {
     "driver_proc_dir": {"type": "path", "default": "/proc/driver/nvidia"},
     "fail_on_missing": {"type": "bool", "default": True},
     "timeout_s": {"type": "int", "default": 30},
+    "mig": {"type": "bool", "default": False},
 }
+MIG_QUERY_ARGS = ("--query-gpu=index,mig.mode.current", "--format=csv,noheader,nounits")
+
+
+def add_mig_modes(gpus: list, text: str) -> None:
+    """Set mig_mode on each GPU from ``index, mig.mode.current`` rows ([N/A] on boards without MIG: None)."""
+    modes = {}
+    for line in text.splitlines():
+        index, _, mode = line.partition(",")
+        if index.strip().isdigit():
+            mode = mode.strip()
+            modes[int(index)] = None if mode.startswith("[") or mode in ("", "N/A") else mode
+    for gpu in gpus:
+        gpu["mig_mode"] = modes.get(gpu["index"])
 
 
 def timed_runner(timeout_s: int):
@@ -162,6 +182,14 @@ def main() -> None:
             gpus=[],
             processes=[],
         )
+    if params["mig"]:
+        try:
+            rc, out, err = timed_runner(params["timeout_s"])([facts["nvidia_smi"], *MIG_QUERY_ARGS])
+        except NvidiaError as exc:
+            module.fail_json(msg=str(exc), kind=exc.kind)
+        if rc != 0:
+            module.fail_json(msg=f"nvidia-smi could not report the MIG mode (exit {rc}): {(err or out).strip()}")
+        add_mig_modes(facts["gpus"], out)
     module.exit_json(changed=False, available=True, reason="", **facts)
 
 

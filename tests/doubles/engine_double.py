@@ -9,7 +9,11 @@ unkind parts are imitated too:
 - a reasoning parser (`reasoning-parser: kimi_k2`) puts a thinking model's answer into
   `reasoning_content` (SGLang) or `reasoning` (vLLM) unless the request turns thinking off;
 - SGLang's /health runs a generation and answers 503 after its health-check timeout when generation is stuck;
-- streams end with a usage chunk only when `stream_options.include_usage` asks for it, then `[DONE]`.
+- streams end with a usage chunk only when `stream_options.include_usage` asks for it, then `[DONE]`;
+- SGLang drains on SIGTERM without a limit: /health answers 503, requests in flight run to their end, and the
+  process exits only when none is left; POST /abort_request {"abort_all": true} ends them at once (finish_reason
+  "abort"). (SGLang's multi-node ranks > 0 wait on SIGTERM for rank 0's shutdown broadcast; the double's ranks
+  cannot reach each other across test hosts and exit at once: the stop order is checked by unit timestamps.)
 
 The "model" answers an arithmetic question (`what is 123 + 456`) with the number, thinking first when
 thinking is on, and otherwise generates `ok` tokens until max_tokens (the benchmark workload).
@@ -127,6 +131,10 @@ class Engine:
                          "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "requests": 0}
         self.accepted_per_pos = [0] * self.spec_steps
         self.rng = random.Random(1234)
+        self.in_flight = 0
+        self.gracefully_exit = False
+        self.unhealthy = False  # a /health generation timed out (SGLang's ServerStatus.UnHealthy)
+        self.aborts: set[threading.Event] = set()  # one per request in flight; /abort_request sets them all
 
     def _speculative_steps(self) -> int:
         if self.flavour == "sglang":
@@ -309,6 +317,10 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate", "/ready", "/ping"):
             if engine.fault == "hang":
                 time.sleep(3600)
+            if engine.gracefully_exit and path in ("/health", "/health_generate"):
+                # SGLang 0.5.23 http_server.py health_generate: "Health check request received during shutdown".
+                self._send(HTTPStatus.SERVICE_UNAVAILABLE, "")
+                return
             # Both engines answer /health with an empty body: 503 while starting, 200 when ready.
             if engine.ready and engine.flavour == "sglang" and path in ("/health", "/health_generate"):
                 self._send(self._sglang_health_generate(), "")
@@ -342,7 +354,23 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.BAD_REQUEST, {"error": {"message": "invalid JSON body"}})
             return
         if path in ("/v1/chat/completions", "/v1/completions"):
-            self._completion(request, chat=path.endswith("chat/completions"))
+            self.aborted = threading.Event()
+            with self.engine.lock:
+                self.engine.in_flight += 1
+                self.engine.aborts.add(self.aborted)
+            try:
+                self._completion(request, chat=path.endswith("chat/completions"))
+            finally:
+                with self.engine.lock:
+                    self.engine.in_flight -= 1
+                    self.engine.aborts.discard(self.aborted)
+        elif path == "/abort_request" and self.engine.flavour == "sglang":
+            # SGLang 0.5.23 http_server.py abort_request -> tokenizer_manager.abort_request(abort_all=...).
+            if request.get("abort_all"):
+                with self.engine.lock:
+                    for aborted in self.engine.aborts:
+                        aborted.set()
+            self._send(HTTPStatus.OK, "")
         else:
             self._send(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
 
@@ -366,6 +394,7 @@ class Handler(BaseHTTPRequestHandler):
         tic = time.strftime("%H:%M:%S", time.localtime(time.time() - engine.health_check_timeout_s))
         print(f"engine-double: Health check failed. Server couldn't get a response from detokenizer for last "
               f"{engine.health_check_timeout_s:g} seconds. tic start time: {tic}.", file=sys.stderr, flush=True)
+        engine.unhealthy = True
         return HTTPStatus.SERVICE_UNAVAILABLE
 
     def _models(self) -> dict[str, object]:
@@ -415,7 +444,8 @@ class Handler(BaseHTTPRequestHandler):
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
             self._stream(reply, chat, ident, created, include_usage)
             return
-        time.sleep(min(seconds, 30.0))
+        if self.aborted.wait(min(seconds, 30.0)):
+            reply.finish_reason = "abort"
         self._send(HTTPStatus.OK, self._whole_response(reply, chat, ident, created))
 
     def _whole_response(self, reply: Reply, chat: bool, ident: str, created: int) -> dict[str, object]:
@@ -453,8 +483,11 @@ class Handler(BaseHTTPRequestHandler):
         delay = reply.seconds / max(1, len(reply.words))
         try:
             for index, chunk in enumerate(chunks):
-                if index:
-                    time.sleep(min(delay, 1.0))
+                if index and self.aborted.wait(min(delay, 1.0)):
+                    # SGLang 0.5.23 serving_chat.py: a graceful abort (/abort_request) ends the stream through the
+                    # normal chunk path, with finish_reason "abort".
+                    self._event({**chunk, "choices": [{**chunk["choices"][0], "finish_reason": "abort"}]})
+                    break
                 self._event(chunk)
             if include_usage:
                 self._event(self._usage_chunk(reply, chat, ident, created))
@@ -565,6 +598,28 @@ def detect_flavour(argv0: str) -> str:
     return "vllm" if "vllm" in os.path.basename(argv0) else "sglang"
 
 
+def sglang_sigterm(engine: Engine) -> None:
+    """SGLang 0.5.23 managers/tokenizer_manager.py SignalHandler.sigterm_handler + sigterm_watchdog: drain the requests
+    in flight without a limit, then exit; at once when a health check has failed (UnHealthy). SGLang looks every 5 s;
+    the double every 0.5 s, and at once when idle."""
+    print("engine-double: SIGTERM received. Draining requests and shutting down...", flush=True)
+    engine.gracefully_exit = True
+
+    def watchdog() -> None:
+        while True:
+            if engine.unhealthy:
+                print("engine-double: Signal SIGTERM received while health check failed. Force exiting.", flush=True)
+                os._exit(0)
+            with engine.lock:
+                remaining = engine.in_flight
+            print(f"engine-double: Gracefully exiting... Remaining number of requests {remaining}.", flush=True)
+            if remaining == 0:
+                os._exit(0)
+            time.sleep(0.5)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     flavour = detect_flavour(argv[0])
     args = argv[1:]
@@ -584,6 +639,8 @@ def main(argv: list[str]) -> int:
         return 1
     if engine.fault == "ignore-sigterm":
         signal.signal(signal.SIGTERM, lambda *_: print("engine-double: ignoring SIGTERM", flush=True))
+    elif flavour == "sglang" and not int(options.get("node-rank") or 0):
+        signal.signal(signal.SIGTERM, lambda *_: sglang_sigterm(engine))
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     Handler.engine = engine

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,3 +78,29 @@ def assert_api_key_nowhere(host: EngineHost, runs: list) -> None:
         for artifact in Path(run.artifact_dir).rglob("*"):
             if artifact.is_file():
                 assert API_KEY not in artifact.read_text(errors="replace"), artifact
+
+
+GPU_DOUBLE = "/tmp/bws-gpu-double"  # the NVIDIA-SMI TEST DOUBLE and stand-in device files on the test host
+
+
+def install_gpu_double(host: EngineHost, tmp_path: Path, root: str = GPU_DOUBLE) -> dict:
+    """The 8-GPU simulator on the host (stand-in /dev/nvidia*, driver /proc fixture) under `root`; gpu_release vars."""
+    from tests.integration.gpu_helpers import DOUBLES, RTX8, Sim
+
+    gpus = Sim(tmp_path / "sim").gpus
+    config = tmp_path / "sim.json"
+    config.write_text(json.dumps({"dev_dir": f"{root}/dev", "driver_version": "580.105.08", "gpus": gpus}))
+    wrapper = tmp_path / "nvidia-smi"
+    double = f"{root}/nvidia_smi_double.py --config {root}/sim.json"
+    wrapper.write_text(f'#!/bin/sh\nexec python3 {double} "$@"\n')
+    wrapper.chmod(0o755)
+    host.sh(f"rm -rf {root}; mkdir -p {root}/dev && cd {root}/dev && "
+            "touch nvidia0 nvidia1 nvidia2 nvidia3 nvidia4 nvidia5 nvidia6 nvidia7 nvidiactl nvidia-uvm")  # fmt: skip
+    for source, dest in [(DOUBLES / "nvidia_smi_double.py", "nvidia_smi_double.py"), (config, "sim.json"),
+                         (wrapper, "nvidia-smi"), (RTX8 / "proc-driver-nvidia", "proc-driver-nvidia")]:  # fmt: skip
+        subprocess.run(["podman", "cp", str(source), f"{host.name}:{root}/{dest}"], check=True)
+    return {
+        "gpu_release_nvidia_smi": f"{root}/nvidia-smi",
+        "gpu_release_driver_proc_dir": f"{root}/proc-driver-nvidia",
+        "gpu_release_dev_dir": f"{root}/dev",
+    }

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from verify_helpers import EngineDouble
@@ -113,3 +114,41 @@ def test_concurrency_64_streams_get_no_connection_reset(doubles):
     with ThreadPoolExecutor(max_workers=64) as pool:
         replies = list(pool.map(stream, range(64)))
     assert all(reply.endswith(b"data: [DONE]\n\n") for reply in replies)
+
+
+def test_sglang_drains_on_sigterm_without_a_limit_until_abort_request_ends_what_is_in_flight(doubles):
+    """SGLang 0.5.23 on SIGTERM: /health 503, requests in flight run on (no limit), exit when none is left;
+    POST /abort_request {"abort_all": true} ends them with finish_reason "abort" (what engine_drain relies on)."""
+    import os
+    import signal
+    import threading
+
+    double = doubles("drain", env={"ENGINE_DOUBLE_TOKENS_PER_S": "5"})
+    wait_loaded(double)
+    lines: list[str] = []
+
+    def stream() -> None:
+        body = {"model": double.served_name, "messages": [{"role": "user", "content": "write"}], "max_tokens": 400,
+                "stream": True}
+        request = urllib.request.Request(f"{double.base_url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            lines.extend(line.decode() for line in response if line.strip())
+
+    client = threading.Thread(target=stream)
+    client.start()
+    time.sleep(1.0)
+    pid = double.process.pid  # unshare; the double is its only child
+    engine_pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+    os.kill(engine_pid, signal.SIGTERM)
+    time.sleep(1.5)
+    assert health(double)[0] == 503 and double.process.poll() is None, "draining: not ready, still running"
+    abort = urllib.request.Request(f"{double.base_url}/abort_request", data=b'{"abort_all": true}', method="POST",
+                                   headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(abort, timeout=5) as response:
+        assert response.status == 200
+    client.join(timeout=5)
+    assert double.process.wait(timeout=5) == 0
+    finishes = [json.loads(line[6:])["choices"][0]["finish_reason"] for line in lines if line.startswith("data: {")]
+    assert finishes[-1] == "abort" and lines[-1].strip() == "data: [DONE]"
+    assert "Gracefully exiting... Remaining number of requests 1" in double.log.read_text()

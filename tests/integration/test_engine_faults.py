@@ -18,7 +18,14 @@ import pytest
 import yaml
 
 from tests.integration.engine_host import REPO, EngineHost, podman, podman_available
-from tests.integration.lifecycle_helpers import assert_api_key_nowhere, booted_engine_host, deploy, main_pid
+from tests.integration.lifecycle_helpers import (
+    GPU_DOUBLE,
+    assert_api_key_nowhere,
+    booted_engine_host,
+    deploy,
+    install_gpu_double,
+    main_pid,
+)
 
 pytestmark = [
     pytest.mark.container,
@@ -73,32 +80,6 @@ def test_port_taken_by_a_stranger_is_named_and_the_stranger_lives(host, runs):
     finally:
         stranger.terminate()
         host.sh("pkill -f 'http.server 31000' || true", check=False)
-
-
-GPU_DOUBLE = "/tmp/bws-gpu-double"  # the NVIDIA-SMI TEST DOUBLE and stand-in device files on the test host
-
-
-def install_gpu_double(host: EngineHost, tmp_path: Path) -> dict:
-    """The 8-GPU simulator on the host (stand-in /dev/nvidia*, driver /proc fixture); the gpu_release_* vars."""
-    from tests.integration.gpu_helpers import DOUBLES, RTX8, Sim
-
-    gpus = Sim(tmp_path / "sim").gpus
-    config = tmp_path / "sim.json"
-    config.write_text(json.dumps({"dev_dir": f"{GPU_DOUBLE}/dev", "driver_version": "580.105.08", "gpus": gpus}))
-    wrapper = tmp_path / "nvidia-smi"
-    double = f"{GPU_DOUBLE}/nvidia_smi_double.py --config {GPU_DOUBLE}/sim.json"
-    wrapper.write_text(f'#!/bin/sh\nexec python3 {double} "$@"\n')
-    wrapper.chmod(0o755)
-    host.sh(f"rm -rf {GPU_DOUBLE}; mkdir -p {GPU_DOUBLE}/dev && cd {GPU_DOUBLE}/dev && "
-            "touch nvidia0 nvidia1 nvidia2 nvidia3 nvidia4 nvidia5 nvidia6 nvidia7 nvidiactl nvidia-uvm")  # fmt: skip
-    for source, dest in [(DOUBLES / "nvidia_smi_double.py", "nvidia_smi_double.py"), (config, "sim.json"),
-                         (wrapper, "nvidia-smi"), (RTX8 / "proc-driver-nvidia", "proc-driver-nvidia")]:  # fmt: skip
-        subprocess.run(["podman", "cp", str(source), f"{host.name}:{GPU_DOUBLE}/{dest}"], check=True)
-    return {
-        "gpu_release_nvidia_smi": f"{GPU_DOUBLE}/nvidia-smi",
-        "gpu_release_driver_proc_dir": f"{GPU_DOUBLE}/proc-driver-nvidia",
-        "gpu_release_dev_dir": f"{GPU_DOUBLE}/dev",
-    }
 
 
 def test_a_foreign_gpu_holder_on_a_needed_gpu_fails_the_deploy_before_the_switch(host, runs, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -106,6 +107,30 @@ def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):
 
 
 def test_teardown_stops_all_nodes_together(fleet):
+    # Load on rank 0 as a balancer sends it: a 10 s request every second until /health answers 503 (the drain
+    # began). Rank 0's stop then lasts seconds (see the next test); stopped together, the worker's would begin in it.
+    client = ("import json, threading, time, urllib.request as u\n"
+              "body = json.dumps({'model': 'tiny-sandbox', 'prompt': 'go', 'max_tokens': 4000}).encode()\n"
+              "one = lambda: u.urlopen(u.Request('http://127.0.0.1:30000/v1/completions', data=body, "
+              "headers={'Content-Type': 'application/json'}), timeout=60).read()\n"
+              "while True:\n"
+              "    try: u.urlopen('http://127.0.0.1:30000/health', timeout=30)\n"
+              "    except Exception: break\n"
+              "    threading.Thread(target=one, daemon=False).start()\n"
+              "    time.sleep(1)\n")
+    subprocess.run(["podman", "exec", "-d", PAIR[0], "python3", "-c", client], check=True)
+    time.sleep(2)
     run = fleet.run_playbook("playbooks/teardown.yml")
     assert run.status == "successful", run.stdout[-3000:]
     assert all(fleet.on(h).unit("sglang.service")["ActiveState"] == "inactive" for h in PAIR)
+
+
+def test_multi_node_teardown_stopped_rank0_before_the_worker(fleet):
+    """SGLang's ranks > 0 wait for rank 0 on SIGTERM: the teardown (test before) stopped rank 0 first, although rank 0
+    drained its requests for seconds (stopped together, the worker's stop would begin during that). Both hosts share
+    the kernel's monotonic clock, so the units' timestamps compare across them."""
+    stops = {h: {p: int(fleet.on(h).sh(f"systemctl show -p {p} --value sglang.service"))
+                 for p in ("ActiveExitTimestampMonotonic", "InactiveEnterTimestampMonotonic")} for h in PAIR}
+    assert all(stops[h]["InactiveEnterTimestampMonotonic"] > 0 for h in PAIR), stops
+    assert stops[PAIR[0]]["InactiveEnterTimestampMonotonic"] <= stops[PAIR[1]]["ActiveExitTimestampMonotonic"], (
+        f"rank 0 ({PAIR[0]}) had stopped before the worker's ({PAIR[1]}) stop began: {stops}")

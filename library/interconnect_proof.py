@@ -1,0 +1,493 @@
+#!/usr/bin/python
+# Copyright: the blackwell-llm-serving authors
+# SPDX-License-Identifier: Apache-2.0
+"""Ansible module: prove the GPUs' interconnect the way an engine unit runs, once per driver + GPU set + environment."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: interconnect_proof
+short_description: Run the interconnect proof as an engine unit would, and record it per driver, GPU set and environment
+description:
+  - Runs C(interconnect_proof.py) (a C(torch.distributed) all-reduce over O(world_size) ranks, shipped with the
+    C(engine_service) role) with the engine venv's python through C(systemd-run --wait --pipe), with every
+    C([Service]) setting of the release's unit file that shapes the process (C(User=), C(Group=), C(Environment=),
+    C(EnvironmentFile=), C(LoadCredential=), the state and cache directories and all hardening) - everything but
+    how systemd starts, stops and restarts it - so the proof meets the user, environment and sandbox the engine
+    will meet.
+  - A proof is recorded under O(records_dir) by a key that hashes O(identity) (driver version, GPU uuids, engine
+    version), the world size, backend, the python and the C(NCCL_*), C(CUDA_*), C(TORCH_NCCL_*) and C(NVIDIA_*)
+    variables the unit gives the engine (from C(Environment=) and C(EnvironmentFile=); no other variable is read
+    into the key or the record, so secrets never are). A recorded proof for the same key is reported and not run
+    again.
+  - O(state=recorded) only looks the key up. O(state=proven) runs the proof when no record exists and fails,
+    naming the ranks that did not finish, the IOMMU mode, the PCIe ports with ACS redirection, the
+    C(nvidia-smi topo -p2p r) matrix and the README fix, when it does not pass.
+  - The proof never runs on GPUs a serving engine holds; the caller decides when the GPUs are free.
+version_added: "0.1.0"
+author: blackwell-llm-serving authors
+options:
+  state:
+    description: C(recorded) reports whether a proof is recorded for the key; C(proven) also runs it when none is.
+    type: str
+    choices: [recorded, proven]
+    default: proven
+  unit_file:
+    description: The release's unit file; its C([Service]) settings (less start, stop and restart ones) are passed on.
+    type: path
+    required: true
+  script:
+    description: C(interconnect_proof.py) on the host (C(bws_pcie.py) beside it).
+    type: path
+    required: true
+  python:
+    description: The engine venv's python (it needs torch with NCCL).
+    type: str
+    required: true
+  world_size:
+    description: Ranks, one per GPU of this host in the profile's tensor-parallel group.
+    type: int
+    required: true
+  gpus:
+    description: nvidia-smi indices of those GPUs (MIG check); the ranks use CUDA devices 0..N-1 as the engine does.
+    type: list
+    elements: str
+    default: []
+  identity:
+    description: What else the proof depends on, hashed into the key (driver version, GPU uuids, engine version).
+    type: dict
+    default: {}
+  records_dir:
+    description: Where proofs are recorded, one JSON file per key.
+    type: path
+    required: true
+  release:
+    description: The release on whose behalf the proof runs, recorded as the one that proved it.
+    type: str
+    required: true
+  timeout_s:
+    description: Hard limit of the proof itself; the transient unit is stopped 30 s after it (C(RuntimeMaxSec=)).
+    type: int
+    default: 60
+  sizes_mib:
+    description: All-reduce sizes in MiB.
+    type: list
+    elements: float
+    default: [1, 64, 256]
+  backend:
+    description: C(nccl) on GPUs; C(gloo) only for tests on hosts without GPUs.
+    type: str
+    choices: [nccl, gloo]
+    default: nccl
+  nvidia_smi:
+    description: nvidia-smi the proof runs for the MIG check and the diagnostics.
+    type: str
+    default: nvidia-smi
+  systemd_run:
+    description: systemd-run to use.
+    type: str
+    default: systemd-run
+notes:
+  - Check mode looks the record up and says whether the proof would run; it never runs it.
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+seealso:
+  - module: pcie_facts
+"""
+
+EXAMPLES = r"""
+- name: Prove the interconnect as sglang.service would run it
+  interconnect_proof:
+    unit_file: /var/lib/llm-serving/releases/sglang-0123456789ab/sglang.service
+    script: /usr/local/libexec/llm-serving/interconnect_proof.py
+    python: /opt/sglang/venv/bin/python
+    world_size: 8
+    gpus: ["0", "1", "2", "3", "4", "5", "6", "7"]
+    identity: {driver_version: 580.105.08, gpus: ["GPU-..."], engine: sglang 0.5.23}
+    records_dir: /var/lib/llm-serving/interconnect
+    release: sglang-0123456789ab
+"""
+
+RETURN = r"""
+key:
+  description: The record key (16 hex digits).
+  returned: always
+  type: str
+environment:
+  description: The NCCL/CUDA variables the unit gives the engine (part of the key).
+  returned: always
+  type: dict
+proven:
+  description: Whether a proof for the key is recorded (now or before).
+  returned: always
+  type: bool
+ran:
+  description: Whether the proof ran in this call.
+  returned: always
+  type: bool
+record:
+  description: The record for the key (proven_at, release, key, identity, environment, uid, user, elapsed_s, ...).
+  returned: when proven
+  type: dict
+last:
+  description: The newest record of another key, when the key has none (what changed since).
+  returned: when not proven
+  type: dict
+differences:
+  description: What differs from RV(last) (driver, GPU set, engine, world size, environment variables).
+  returned: always
+  type: list
+  elements: str
+message:
+  description: One line for people.
+  returned: always
+  type: str
+report:
+  description: The proof script's JSON report.
+  returned: when it ran
+  type: dict
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")
+README_FIX = "README.md, section 'Interconnect: IOMMU and ACS'"
+# [Service] settings about how systemd starts, stops and restarts the engine: not for a one-shot proof.
+NOT_PASSED = {"Type", "ExecStart", "ExecStartPre", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload",
+              "ExecCondition", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec", "TimeoutSec",
+              "RuntimeMaxSec", "KillMode", "KillSignal", "SendSIGKILL", "FinalKillSignal", "RemainAfterExit",
+              "PIDFile", "RestartPreventExitStatus", "SuccessExitStatus", "WatchdogSec", "NotifyAccess"}
+EXIT_GRACE_S = 30
+
+
+def service_settings(unit_text: str) -> list[tuple[str, str]]:
+    """(key, value) of every [Service] line of a unit file, in order, continuation lines joined."""
+    settings, section, pending = [], None, ""
+    for raw in unit_text.splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        if section == "Service" and "=" in line:
+            key, _, value = line.partition("=")
+            settings.append((key.strip(), value.strip()))
+    return settings
+
+
+def unquote_words(value: str) -> list[str]:
+    """Split a systemd word list ("A=1" 'B=2' C=3) as systemd does for Environment=, un-escaping \\, \\" and %%."""
+    words, current, quote, index, in_word = [], [], None, 0, False
+    while index < len(value):
+        char = value[index]
+        if quote:
+            if char == "\\" and index + 1 < len(value):
+                index += 1
+                current.append(value[index])
+            elif char == quote:
+                quote = None
+            else:
+                current.append(char)
+        elif char in "\"'":
+            quote, in_word = char, True
+        elif char.isspace():
+            if in_word:
+                words.append("".join(current))
+                current, in_word = [], False
+        else:
+            current.append(char)
+            in_word = True
+        index += 1
+    if in_word:
+        words.append("".join(current))
+    return [word.replace("%%", "%") for word in words]
+
+
+def parse_environment_file(text: str) -> dict[str, str]:
+    """KEY=VALUE lines of an EnvironmentFile= (comments and blank lines skipped, one level of quotes removed)."""
+    env = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        env[key.strip()] = value
+    return env
+
+
+def unit_environment(settings: list[tuple[str, str]], read_file=None) -> dict[str, str]:
+    """The environment the unit gives its process, as systemd builds it: Environment= lines, then EnvironmentFile=."""
+    read_file = read_file or _read_text
+    env: dict[str, str] = {}
+    for key, value in settings:
+        if key == "Environment":
+            for word in unquote_words(value):
+                name, eq, val = word.partition("=")
+                if eq:
+                    env[name] = val
+    for key, value in settings:
+        if key == "EnvironmentFile":
+            optional = value.startswith("-")
+            path = value[1:] if optional else value
+            text = read_file(path)
+            if text is None and not optional:
+                raise OSError(f"EnvironmentFile {path} of the unit cannot be read")
+            env.update(parse_environment_file(text or ""))
+    return env
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def interconnect_environment(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def environment_hash(env: dict[str, str]) -> str:
+    """As interconnect_proof.py computes it from its own environment."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def proof_key(identity: dict, world_size: int, backend: str, python: str, environment: dict[str, str]) -> str:
+    material = {"identity": identity, "world_size": int(world_size), "backend": backend, "python": python,
+                "environment": interconnect_environment(environment)}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_records(records_dir: str) -> list[dict[str, Any]]:
+    records = []
+    try:
+        names = sorted(os.listdir(records_dir))
+    except OSError:
+        return []
+    for name in names:
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(records_dir, name), encoding="utf-8") as handle:
+                    records.append(json.load(handle))
+            except (OSError, ValueError):
+                continue
+    return records
+
+
+def find_record(records: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    return next((r for r in records if r.get("key") == key), None)
+
+
+def newest_record(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(records, key=lambda r: r.get("proven_at", ""), default=None)
+
+
+def differences(last: dict[str, Any] | None, identity: dict, world_size: int, python: str,
+                environment: dict[str, str]) -> list[str]:
+    """What differs from the last recorded proof, in words (empty when nothing was ever proven here)."""
+    if not last:
+        return []
+    found = []
+    old_identity = last.get("identity", {})
+    for name in sorted(set(old_identity) | set(identity)):
+        if old_identity.get(name) != identity.get(name):
+            found.append(f"{name}: {old_identity.get(name)} -> {identity.get(name)}")
+    if int(last.get("world_size", 0)) != int(world_size):
+        found.append(f"world size: {last.get('world_size')} -> {world_size}")
+    if last.get("python") != python:
+        found.append(f"python: {last.get('python')} -> {python}")
+    old_env = last.get("environment", {})
+    for name in sorted(set(old_env) | set(environment)):
+        if old_env.get(name) != environment.get(name):
+            found.append(f"{name}: {old_env.get(name, '(unset)')} -> {environment.get(name, '(unset)')}")
+    return found
+
+
+def proven_message(record: dict[str, Any]) -> str:
+    return (f"interconnect proven on {record.get('proven_at')} by release {record.get('release')} "
+            f"({record.get('world_size')} ranks, key {record.get('key')}); not run again")
+
+
+def not_proven_message(last: dict[str, Any] | None, found: list[str]) -> str:
+    if not last:
+        return "no interconnect proof is recorded on this host"
+    return (f"the interconnect is not proven for this driver, GPU set and environment (last proof on "
+            f"{last.get('proven_at')} by release {last.get('release')}; changed: {'; '.join(found) or 'key'})")
+
+
+def systemd_run_argv(params: dict[str, Any], settings: list[tuple[str, str]], unit_name: str) -> list[str]:
+    argv = [params["systemd_run"], "--wait", "--pipe", "--quiet", "--collect", "--service-type=exec",
+            f"--unit={unit_name}", "-p", f"RuntimeMaxSec={int(params['timeout_s']) + EXIT_GRACE_S}"]
+    for key, value in settings:
+        if key not in NOT_PASSED:
+            argv += ["-p", f"{key}={value.replace('%%', '%')}"]
+    argv += ["--", params["python"], params["script"], "--world-size", str(params["world_size"]),
+             "--backend", params["backend"], "--timeout-s", str(params["timeout_s"]),
+             "--sizes-mib", ",".join(f"{float(m):g}" for m in params["sizes_mib"]),
+             "--nvidia-smi", params["nvidia_smi"]]
+    if params["gpus"]:
+        argv += ["--gpus", ",".join(params["gpus"])]
+    return argv
+
+
+def parse_report(stdout: str) -> dict[str, Any] | None:
+    """The proof's JSON document (the whole of stdout), or None when it printed none."""
+    text = stdout.strip()
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        report = json.loads(text[start:])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def failure_message(report: dict[str, Any] | None, rc: int, stderr: str, unit_name: str) -> str:
+    """Ranks that did not finish, the IOMMU mode, ACS redirection, topo -p2p r and the fix, in one message."""
+    if report is None:
+        return (f"interconnect proof FAILED: {unit_name} ended with exit {rc} without a report: "
+                f"{stderr.strip()[-1500:] or '(no output)'}. Fix: {README_FIX}")
+    parts = [f"interconnect proof FAILED ({report.get('backend')}, {report.get('world_size')} ranks, "
+             f"uid {report.get('uid')} {report.get('user')}): {report.get('reason') or f'exit {rc}'}"]
+    unfinished = report.get("unfinished_ranks")
+    if unfinished:
+        parts.append("ranks that did not finish: " + ", ".join(map(str, unfinished)))
+    diagnostics = report.get("diagnostics", {})
+    pcie = diagnostics.get("pcie", {})
+    if "iommu" in pcie:
+        iommu = pcie["iommu"]
+        parts.append(f"IOMMU mode: {iommu.get('mode')} ({iommu.get('source')})")
+        acs = pcie.get("acs", {})
+        ports = [f"{p['bdf']} ({'+ '.join(p['redirecting'])}+)" for p in acs.get("redirecting", [])]
+        parts.append("PCIe ports with ACS ReqRedir+/CmpltRedir+: " + (", ".join(ports) if ports else "none" if
+                                                                     acs.get("checked") else
+                                                                     f"not checked ({acs.get('error', 'no lspci')})"))
+    elif "pcie" in diagnostics:
+        parts.append(f"IOMMU/ACS: {pcie.get('error')}")
+    if "topo_p2p_read" in diagnostics:
+        parts.append("nvidia-smi topo -p2p r:\n" + str(diagnostics["topo_p2p_read"]).rstrip())
+    parts.append(f"Fix: {README_FIX}")
+    return "; ".join(parts)
+
+
+def record_of(report: dict[str, Any], key: str, params: dict[str, Any], environment: dict[str, str]) -> dict:
+    largest = [r for rank in report.get("ranks", [])[:1] for r in rank.get("results", [])]
+    return {"key": key, "proven_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "release": params["release"], "identity": params["identity"], "world_size": params["world_size"],
+            "backend": params["backend"], "python": params["python"], "gpus": params["gpus"],
+            "environment": environment, "environment_hash": environment_hash(environment),
+            "uid": report.get("uid"), "user": report.get("user"), "elapsed_s": report.get("elapsed_s"),
+            "results": largest, "test_double": report.get("test_double")}
+
+
+def write_record(records_dir: str, record: dict[str, Any]) -> None:
+    os.makedirs(records_dir, mode=0o755, exist_ok=True)
+    path = os.path.join(records_dir, f"{record['key']}.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def run_proof(module: AnsibleModule, argv: list[str], unit_name: str) -> tuple[int, str, str]:
+    limit = int(module.params["timeout_s"]) + EXIT_GRACE_S + 15
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["systemctl", "stop", unit_name], capture_output=True, check=False, timeout=60)
+        module.fail_json(msg=f"interconnect proof FAILED: {unit_name} did not end within {limit} s and was stopped; "
+                             f"Fix: {README_FIX}", ran=True)
+    except OSError as exc:
+        module.fail_json(msg=f"interconnect proof could not start: {exc}", ran=False)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "choices": ["recorded", "proven"], "default": "proven"},
+            "unit_file": {"type": "path", "required": True},
+            "script": {"type": "path", "required": True},
+            "python": {"type": "str", "required": True},
+            "world_size": {"type": "int", "required": True},
+            "gpus": {"type": "list", "elements": "str", "default": []},
+            "identity": {"type": "dict", "default": {}},
+            "records_dir": {"type": "path", "required": True},
+            "release": {"type": "str", "required": True},
+            "timeout_s": {"type": "int", "default": 60},
+            "sizes_mib": {"type": "list", "elements": "float", "default": [1, 64, 256]},
+            "backend": {"type": "str", "choices": ["nccl", "gloo"], "default": "nccl"},
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "systemd_run": {"type": "str", "default": "systemd-run"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    unit_text = _read_text(params["unit_file"])
+    if unit_text is None:
+        module.fail_json(msg=f"the unit file {params['unit_file']} cannot be read")
+    settings = service_settings(unit_text)
+    try:
+        environment = interconnect_environment(unit_environment(settings))
+    except OSError as exc:
+        module.fail_json(msg=str(exc))
+    key = proof_key(params["identity"], params["world_size"], params["backend"], params["python"], environment)
+    records = read_records(params["records_dir"])
+    record = find_record(records, key)
+    result: dict[str, Any] = {"changed": False, "key": key, "environment": environment, "ran": False}
+    if record:
+        module.exit_json(**result, proven=True, record=record, differences=[], message=proven_message(record))
+    last = newest_record(records)
+    found = differences(last, params["identity"], params["world_size"], params["python"], environment)
+    result.update(proven=False, last=last, differences=found, message=not_proven_message(last, found))
+    if params["state"] == "recorded":
+        module.exit_json(**result)
+    unit_name = os.path.basename(params["unit_file"]).rsplit(".", 1)[0] + "-interconnect-proof"
+    if module.check_mode:
+        module.exit_json(**{**result, "changed": True,
+                            "message": result["message"] + f"; would run the proof as {unit_name}"})
+    rc, stdout, stderr = run_proof(module, systemd_run_argv(params, settings, unit_name), unit_name)
+    report = parse_report(stdout)
+    if rc != 0 or not report or not report.get("ok"):
+        module.fail_json(msg=failure_message(report, rc, stderr, unit_name), report=report, key=key,
+                         environment=environment, ran=True, proven=False)
+    seen = interconnect_environment(report.get("environment") or {})
+    if seen != environment:
+        module.fail_json(msg=f"interconnect proof ran with another NCCL/CUDA environment than "
+                             f"{os.path.basename(params['unit_file'])} "
+                             f"gives the engine: {seen} instead of {environment}; not recorded", report=report,
+                         key=key, environment=environment, ran=True, proven=False)
+    new = record_of(report, key, params, environment)
+    write_record(params["records_dir"], new)
+    module.exit_json(changed=True, key=key, environment=environment, ran=True, proven=True, record=new,
+                     differences=found, report=report,
+                     message=f"interconnect PROVEN: {report.get('world_size')} ranks as uid {report.get('uid')} "
+                             f"({report.get('user')}), environment hash {report.get('environment_hash')}, "
+                             f"{report.get('elapsed_s')} s; recorded as {key} by release {params['release']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The interconnect_proof module's logic: what of the unit is passed to systemd-run, the environment it reads from
+the unit (Environment= as the engine_service template writes it, EnvironmentFile=), the record key, record
+matching, what changed since the last proof, and the failure message. The module running the proof through
+systemd-run as the unit's user is shown on a systemd host in tests/integration/test_interconnect_proof_deploy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import ansible.module_utils
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "library"))
+sys.path.insert(0, str(REPO / "roles" / "engine_service" / "filter_plugins"))
+
+import interconnect_proof as proof  # noqa: E402
+from ansible.module_utils.testing import patch_module_args  # noqa: E402
+from systemd_quote import systemd_env_value  # noqa: E402
+
+ENV = {"NCCL_DEBUG": "WARN", "NCCL_P2P_LEVEL": "SYS", "CUDA_HOME": "/usr/local/cuda", "HOME": "/var/lib/sglang",
+       "ODD": 'a "quoted" 100% \\ value'}
+
+
+def unit_text(env: dict[str, str], env_file: str = "") -> str:
+    """The [Service] part of roles/engine_service/templates/engine.service.j2, rendered the way the template does."""
+    lines = ["[Unit]", "Description=x", "StartLimitBurst=3", "", "[Service]", "Type=exec", "User=sglang",
+             "Group=sglang", "WorkingDirectory=/var/lib/sglang", "StateDirectory=sglang", "UMask=0027"]
+    lines += [f'Environment="{key}={systemd_env_value(value)}"' for key, value in sorted(env.items())]
+    if env_file:
+        lines.append(f"EnvironmentFile={env_file}")
+    lines += ["ExecStart=/opt/sglang/venv/bin/sglang serve --config /x/config.yaml", "KillMode=mixed",
+              "TimeoutStopSec=180", "Restart=on-failure", "RestartSec=30", "NoNewPrivileges=yes",
+              "ProtectSystem=strict", "PrivateTmp=yes", "DeviceAllow=char-nvidia* rw", "", "[Install]",
+              "WantedBy=multi-user.target"]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_unit_environment_is_read_back_exactly_as_the_template_wrote_it():
+    settings = proof.service_settings(unit_text(ENV))
+    assert proof.unit_environment(settings) == ENV
+
+
+def test_environment_file_values_override_and_only_interconnect_variables_are_kept(tmp_path):
+    env_file = tmp_path / "api-key.env"
+    env_file.write_text("# secrets\nVLLM_API_KEY=s3cr3t\nNCCL_DEBUG='INFO'\n")
+    settings = proof.service_settings(unit_text(ENV, str(env_file)))
+    environment = proof.interconnect_environment(proof.unit_environment(settings))
+    assert environment == {"CUDA_HOME": "/usr/local/cuda", "NCCL_DEBUG": "INFO", "NCCL_P2P_LEVEL": "SYS"}
+    assert "s3cr3t" not in json.dumps(environment)
+
+
+def test_a_missing_environment_file_fails_unless_optional(tmp_path):
+    missing = str(tmp_path / "nope.env")
+    with pytest.raises(OSError, match="cannot be read"):
+        proof.unit_environment(proof.service_settings(unit_text({}, missing)))
+    assert proof.unit_environment(proof.service_settings(unit_text({}, "-" + missing))) == {}
+
+
+def test_systemd_run_gets_the_units_user_environment_and_hardening_but_not_its_lifecycle():
+    settings = proof.service_settings(unit_text(ENV))
+    params = {"systemd_run": "systemd-run", "timeout_s": 60, "python": "/opt/sglang/venv/bin/python",
+              "script": "/usr/local/libexec/llm-serving/interconnect_proof.py", "world_size": 8, "backend": "nccl",
+              "sizes_mib": [1.0, 64.0, 256.0], "nvidia_smi": "nvidia-smi", "gpus": ["0", "1"]}
+    argv = proof.systemd_run_argv(params, settings, "sglang-interconnect-proof")
+    props = [argv[i + 1] for i, word in enumerate(argv) if word == "-p"]
+    assert "User=sglang" in props and "NoNewPrivileges=yes" in props and "ProtectSystem=strict" in props
+    assert "DeviceAllow=char-nvidia* rw" in props and "StateDirectory=sglang" in props
+    assert 'Environment="ODD=a \\"quoted\\" 100% \\\\ value"' in props, "%% is a unit-file escape only"
+    assert "RuntimeMaxSec=90" in props
+    assert not [p for p in props if p.split("=", 1)[0] in ("Type", "ExecStart", "KillMode", "TimeoutStopSec",
+                                                           "Restart", "RestartSec")]
+    assert argv[argv.index("--") + 1:] == [
+        "/opt/sglang/venv/bin/python", "/usr/local/libexec/llm-serving/interconnect_proof.py", "--world-size", "8",
+        "--backend", "nccl", "--timeout-s", "60", "--sizes-mib", "1,64,256", "--nvidia-smi", "nvidia-smi",
+        "--gpus", "0,1"]
+    assert {"--wait", "--pipe", "--collect", "--unit=sglang-interconnect-proof"} <= set(argv)
+
+
+IDENTITY = {"driver_version": "580.105.08", "gpus": ["GPU-a", "GPU-b"], "engine": "sglang 0.5.23"}
+
+
+def test_the_key_changes_with_driver_gpus_engine_world_size_python_and_interconnect_environment_only():
+    env = proof.interconnect_environment(ENV)
+    key = proof.proof_key(IDENTITY, 2, "nccl", "/py", env)
+    assert key == proof.proof_key(dict(IDENTITY), 2, "nccl", "/py", proof.interconnect_environment(
+        {**ENV, "HOME": "/elsewhere", "VLLM_API_KEY": "x"})), "other variables are not part of the key"
+    changed = [proof.proof_key({**IDENTITY, "driver_version": "580.95.05"}, 2, "nccl", "/py", env),
+               proof.proof_key({**IDENTITY, "gpus": ["GPU-a", "GPU-c"]}, 2, "nccl", "/py", env),
+               proof.proof_key({**IDENTITY, "engine": "vllm 0.33.0"}, 2, "nccl", "/py", env),
+               proof.proof_key(IDENTITY, 4, "nccl", "/py", env),
+               proof.proof_key(IDENTITY, 2, "nccl", "/other/py", env),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", {**env, "NCCL_P2P_DISABLE": "1"})]
+    assert len({key, *changed}) == 7
+
+
+def record(key: str, when: str, release: str, **more) -> dict:
+    return {"key": key, "proven_at": when, "release": release, "identity": IDENTITY, "world_size": 2,
+            "python": "/py", "environment": {"NCCL_DEBUG": "WARN"}, **more}
+
+
+def test_records_match_by_key_and_the_newest_other_one_says_what_changed(tmp_path):
+    for rec in (record("aaaa", "2026-11-01T10:00:00Z", "sglang-old"),
+                record("bbbb", "2026-11-20T10:00:00Z", "sglang-new")):
+        proof.write_record(str(tmp_path), rec)
+    (tmp_path / "garbage.json").write_text("{not json")
+    records = proof.read_records(str(tmp_path))
+    assert proof.find_record(records, "aaaa")["release"] == "sglang-old"
+    assert proof.find_record(records, "cccc") is None
+    last = proof.newest_record(records)
+    assert last["release"] == "sglang-new"
+    found = proof.differences(last, {**IDENTITY, "driver_version": "580.126.09"}, 2, "/py",
+                              {"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1"})
+    assert found == ["driver_version: 580.105.08 -> 580.126.09", "NCCL_DEBUG: WARN -> INFO",
+                     "NCCL_P2P_DISABLE: (unset) -> 1"]
+    message = proof.not_proven_message(last, found)
+    assert "last proof on 2026-11-20T10:00:00Z by release sglang-new" in message
+    assert "NCCL_DEBUG: WARN -> INFO" in message
+    assert proof.proven_message(records[0]).startswith(
+        "interconnect proven on 2026-11-01T10:00:00Z by release sglang-old")
+    assert proof.not_proven_message(None, []) == "no interconnect proof is recorded on this host"
+
+
+FAILED_REPORT = {
+    "backend": "nccl", "world_size": 8, "uid": 998, "user": "sglang", "ok": False, "exit": 1,
+    "unfinished_ranks": [3, 5],
+    "reason": "rank(s) 3, 5 did not finish within 60 s [rank 3: all_reduce 64 MiB (killed)]",
+    "diagnostics": {
+        "pcie": {"iommu": {"mode": "translated", "source": "iommu_groups/*/type"},
+                 "acs": {"checked": True,
+                         "redirecting": [{"bdf": "0000:40:01.1", "redirecting": ["ReqRedir", "CmpltRedir"]}]}},
+        "topo_p2p_read": " \tGPU0\tGPU1\n GPU0\tX\tCNS\n GPU1\tCNS\tX\n"},
+}
+
+
+def test_the_failure_message_names_ranks_iommu_acs_ports_topo_and_the_fix():
+    message = proof.failure_message(FAILED_REPORT, 1, "", "sglang-interconnect-proof")
+    assert "ranks that did not finish: 3, 5" in message
+    assert "IOMMU mode: translated (iommu_groups/*/type)" in message
+    assert "PCIe ports with ACS ReqRedir+/CmpltRedir+: 0000:40:01.1 (ReqRedir+ CmpltRedir+)" in message
+    assert "nvidia-smi topo -p2p r:\n \tGPU0\tGPU1\n GPU0\tX\tCNS" in message
+    assert message.endswith("Fix: README.md, section 'Interconnect: IOMMU and ACS'")
+    assert "uid 998 sglang" in message
+    unchecked = json.loads(json.dumps(FAILED_REPORT))
+    unchecked["diagnostics"]["pcie"]["acs"] = {"checked": False, "redirecting": [], "error": "lspci not found"}
+    assert "ReqRedir+/CmpltRedir+: not checked (lspci not found)" in proof.failure_message(unchecked, 1, "", "u")
+    assert "ended with exit 217 without a report: Failed to set up mount namespacing" in proof.failure_message(
+        None, 217, "Failed to set up mount namespacing\n", "sglang-interconnect-proof")
+
+
+def test_the_report_is_read_from_stdout():
+    assert proof.parse_report('{"ok": true}\n') == {"ok": True}
+    assert proof.parse_report("Running as unit: x\n" + json.dumps({"ok": False})) == {"ok": False}
+    assert proof.parse_report("Traceback: boom") is None
+
+
+def test_a_recorded_proof_is_reported_and_nothing_runs(tmp_path, capsys):
+    unit = tmp_path / "sglang.service"
+    unit.write_text(unit_text(ENV))
+    args = {"state": "proven", "unit_file": str(unit), "script": "/nonexistent/proof.py", "python": "/py",
+            "world_size": 2, "identity": IDENTITY, "records_dir": str(tmp_path / "records"), "release": "sglang-new",
+            "systemd_run": "/nonexistent/systemd-run"}
+    key = proof.proof_key(IDENTITY, 2, "nccl", "/py", proof.interconnect_environment(ENV))
+    proof.write_record(str(tmp_path / "records"), record(key, "2026-11-20T10:00:00Z", "sglang-abc"))
+    with patch_module_args(args), pytest.raises(SystemExit) as exc:
+        proof.main()
+    result = json.loads(capsys.readouterr().out)
+    assert exc.value.code == 0 and result["proven"] is True and result["ran"] is False and not result["changed"]
+    assert result["message"].startswith("interconnect proven on 2026-11-20T10:00:00Z by release sglang-abc")
+    # another environment: not recorded; check mode says it would run and runs nothing
+    unit.write_text(unit_text({**ENV, "NCCL_DEBUG": "INFO"}))
+    with patch_module_args({**args, "_ansible_check_mode": True}), pytest.raises(SystemExit) as exc:
+        proof.main()
+    result = json.loads(capsys.readouterr().out)
+    assert exc.value.code == 0 and result["proven"] is False and result["ran"] is False and result["changed"]
+    assert "NCCL_DEBUG: WARN -> INFO" in result["message"]
+    assert "would run the proof as sglang-interconnect-proof" in result["message"]
+
+
+def test_gpu_facts_reads_the_mig_mode_from_the_nvidia_smi_double(tmp_path, capsys):
+    """The preflight's MIG check reads gpu_facts' mig_mode (RTX PRO 6000 and H200 report Enabled/Disabled, other
+    boards [N/A]); the NVIDIA-SMI TEST DOUBLE answers mig.mode.current per GPU from its config."""
+    import gpu_facts
+
+    double = REPO / "tests" / "doubles" / "nvidia_smi_double.py"
+    gpus = [{"index": i, "minor": i, "uuid": f"GPU-{i}", "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+             "pci_bus_id": f"00000000:{i + 1:02X}:00.0", "memory_total_mib": 97887, "mig_mode": mode}
+            for i, mode in enumerate(["Disabled", "Enabled", "[N/A]"])]
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "proc").mkdir()
+    config = tmp_path / "sim.json"
+    config.write_text(json.dumps({"dev_dir": str(tmp_path / "dev"), "driver_version": "580.105.08", "gpus": gpus}))
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {double} --config {config} "$@"\n')
+    smi.chmod(0o755)
+    with patch_module_args({"nvidia_smi": str(smi), "driver_proc_dir": str(tmp_path / "proc"), "mig": True}), \
+            pytest.raises(SystemExit):
+        gpu_facts.main()
+    result = json.loads(capsys.readouterr().out)
+    assert [g["mig_mode"] for g in result["gpus"]] == ["Disabled", "Enabled", None]
