@@ -3,7 +3,7 @@
 # the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
 # module, pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
 # engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
-# Test files run two (hosts: three) at a time with pytest-xdist; image and contract venvs build in the background.
+# Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
 # (-v) and Molecule one line per scenario step and task, so a long stage shows where it is. The run ends with
 # the stage times and a pytest-style "N passed, N failed" line.
@@ -117,7 +117,7 @@ if [ -d tests/contract ]; then
 fi
 run_stage image await_background image
 run_stage molecule run_molecule
-# Three hosts of their own (lifecycle, faults, fleet): a worker each.
-run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-3}" --dist loadfile -m container \
+# Four scenario files with hosts of their own (lifecycle, faults, proof, fleet): a worker each.
+run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-4}" --dist loadfile -m container \
   tests/integration
 summary 0

@@ -10,10 +10,16 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.integration.engine_host import REPO, EngineHost
+from tests.integration.engine_host import REPO, EngineHost, podman_available
 
+# Every scenario file's pytestmark: they boot systemd hosts.
+CONTAINER_MARKS = [
+    pytest.mark.container,
+    pytest.mark.skipif(not podman_available(), reason="needs podman and the test-host image (scripts/build-image.sh)"),
+]
 API_KEY = "k3y-%s3cr3t$HOME-\"q'"  # quotes, % and $ must survive every layer unexpanded
 SANDBOX_PROFILES = yaml.safe_load((REPO / "inventory/sandbox/group_vars/all/models.yml").read_text())
 

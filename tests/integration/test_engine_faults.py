@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.engine_host import REPO, EngineHost, podman, podman_available
+from tests.integration.engine_host import REPO, EngineHost, podman
 from tests.integration.lifecycle_helpers import (
+    CONTAINER_MARKS,
     GPU_DOUBLE,
     assert_api_key_nowhere,
     booted_engine_host,
@@ -27,10 +28,7 @@ from tests.integration.lifecycle_helpers import (
     main_pid,
 )
 
-pytestmark = [
-    pytest.mark.container,
-    pytest.mark.skipif(not podman_available(), reason="needs podman and the test-host image (scripts/build-image.sh)"),
-]
+pytestmark = CONTAINER_MARKS
 
 
 @pytest.fixture(scope="module")
