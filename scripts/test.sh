@@ -11,7 +11,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
 RESULTS=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$RESULTS"' EXIT  # jobs: the background stages, on an early stop
+# On an early stop, the background stages still running. Under `set -e` a bare `kill` with no job left
+# exits 2 inside the trap, and that becomes the script's status: a green run would end with rc 2.
+trap 'jobs -pr | xargs -r kill 2>/dev/null || true; rm -rf "$RESULTS"' EXIT
 declare -a STAGE_TIMES=()
 
 summary() {
