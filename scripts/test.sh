@@ -58,7 +58,7 @@ module_docs() {
 
 pytest_stage() {  # pytest_stage NAME ARGS...
   local name=$1; shift
-  pytest -v -p no:cacheprovider --junitxml="$RESULTS/$name.xml" "$@"
+  pytest -v -p no:cacheprovider --durations=12 --junitxml="$RESULTS/$name.xml" "$@"
 }
 
 run_molecule() {  # the scenarios side by side (hosts of their own), each line prefixed with its scenario

@@ -246,9 +246,11 @@ def write_inventory(path: Path, hosts: dict[str, dict]) -> None:
 
 
 def run_playbook(
-    inventory: Path, playbook: str = "playbooks/verify.yml", *extra: str, timeout_s: float = 150,
+    inventory: Path, playbook: str = "playbooks/verify.yml", *extra: str, timeout_s: float = 480,
     env: dict[str, str] | None = None, verbosity: str = "-vvv",
 ) -> subprocess.CompletedProcess[str]:
+    # timeout_s catches a hung play, not a slow machine: the 13-host verify play takes about 120 s on 2 quiet
+    # cores and went past 150 s on a cold run, beside the contract venvs and the image building in the background.
     env = {
         **os.environ,
         **(env or {}),
