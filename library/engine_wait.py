@@ -90,6 +90,10 @@ last_status:
   description: Last HTTP status seen, or the connection error.
   type: str
   returned: always
+test_double:
+  description: Whether the ready answer carried the engine test double's C(X-Engine-Test-Double) header.
+  type: bool
+  returned: success
 stalled:
   description: Whether the wait ended because the unit stalled (no journal progress and not ready).
   type: bool
@@ -125,20 +129,27 @@ MIN_REQUEST_S = 0.05
 # systemctl and journalctl reads are bounded too; a wedged journald must not stretch the wait.
 SYSTEMD_READ_S = 5.0
 CURSOR_PREFIX = "-- cursor: "
+# Sent by the engine test double (tests/doubles/engine_double.py) on every answer, never by an engine.
+TEST_DOUBLE_HEADER = "x-engine-test-double"
 # The engines' echo of our own probes: uvicorn's access lines (both engines), SGLang 0.5.23's health-check
 # failure and shutdown lines (srt/entrypoints/http_server.py `health_generate`), the test double's access line.
 DEFAULT_PROGRESS_IGNORE = ['"GET /health', '"GET /ready', "Health check failed", "Health check request received"]
 
 
 def probe(url: str, timeout: float) -> str:
+    return probe_response(url, timeout)[0]
+
+
+def probe_response(url: str, timeout: float) -> tuple[str, dict[str, str]]:
+    """The status (or why there was no answer) and the response headers, lower-cased."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return str(response.status)
+            return str(response.status), {k.lower(): v for k, v in response.headers.items()}
     except urllib.error.HTTPError as error:
-        return str(error.code)
+        return str(error.code), {k.lower(): v for k, v in (error.headers or {}).items()}
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        return f"no answer ({reason})"
+        return f"no answer ({reason})", {}
 
 
 def unit_died(state: dict[str, str], restarts_at_start: int) -> str | None:
@@ -254,11 +265,12 @@ def wait(module: AnsibleModule) -> None:
     last_status, state = "not polled", initial
     while True:
         current.attempts += 1
-        last_status = probe(params["url"], current.request_timeout())
+        last_status, headers = probe_response(params["url"], current.request_timeout())
         result = {"attempts": current.attempts, "last_status": last_status, "unit_state": state}
         if last_status == str(params["status"]):
             module.exit_json(changed=False, elapsed_s=round(current.elapsed(), 3), stalled=False,
-                             silent_s=round(current.silent_s(), 3), **result)
+                             silent_s=round(current.silent_s(), 3),
+                             test_double=TEST_DOUBLE_HEADER in headers, **result)
         state = read_unit(unit)
         current.note_progress(state)
         stall = current.stall_reason(last_status)

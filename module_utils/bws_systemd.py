@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -67,3 +68,50 @@ def journal_tail(unit: str, lines: int, timeout: float | None = None) -> list[st
     except subprocess.TimeoutExpired:
         return [f"(journalctl did not answer within {timeout:g} s: cannot show the journal of {unit})"]
     return (result.stdout or result.stderr).splitlines()[-lines:]
+
+
+# What a deploy and a teardown read of a unit, in one `systemctl show` for all units.
+UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "UnitFileState", "ControlGroup")
+ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
+
+
+class SystemdError(Exception):
+    pass
+
+
+def systemctl_here() -> str | None:
+    """systemctl's path when systemd is this host's service manager (sd_booted: /run/systemd/system), else None."""
+    systemctl = shutil.which("systemctl")
+    return systemctl if systemctl and os.path.isdir("/run/systemd/system") else None
+
+
+def show_units(units: list[str], properties: tuple[str, ...] = UNIT_PROPERTIES, timeout: float = 30,
+               systemctl: str | None = None) -> dict[str, dict[str, str]]:
+    """`systemctl show` of every unit in one call, by unit name (an unknown unit has LoadState=not-found);
+    {} where systemd does not run."""
+    systemctl = systemctl or systemctl_here()
+    if systemctl is None or not units:
+        return {}
+    wanted = tuple(dict.fromkeys(("Id", *properties)))
+    try:
+        result = subprocess.run([systemctl, "show", f"--property={','.join(wanted)}", *units],
+                                capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemdError(f"systemctl show {' '.join(units)} did not answer within {timeout:g} s") from exc
+    if result.returncode != 0:
+        raise SystemdError(f"systemctl show {' '.join(units)} failed (rc={result.returncode}): {result.stderr.strip()}")
+    states: dict[str, dict[str, str]] = {}
+    for unit, block in zip(units, result.stdout.strip().split("\n\n"), strict=False):
+        states[unit] = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+    return states
+
+
+def service_summary(properties: dict[str, str]) -> dict[str, str]:
+    """A unit as ansible.builtin.service_facts describes it: state running/stopped/failed, status = the unit file
+    state (enabled, disabled, static, ..., not-found)."""
+    if properties.get("LoadState", "not-found") == "not-found":
+        return {"state": "stopped", "status": "not-found"}
+    active = properties.get("ActiveState", "")
+    state = "running" if properties.get("SubState") == "running" else "failed" if active == "failed" else "stopped"
+    return {"state": state, "status": properties.get("UnitFileState") or "static", "active_state": active,
+            "sub_state": properties.get("SubState", "")}
