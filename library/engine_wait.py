@@ -206,11 +206,9 @@ class Wait:
         self.stall_s = params["stall_timeout_s"]
         self.last_progress = self.start
         self.journal: JournalProgress | None = None
-        # Stall detection needs what it watches: a unit, systemd (a unit state) and its journal.
-        if self.stall_s > 0 and params["unit"] and unit_state:
-            self.journal = JournalProgress(params["unit"], params["progress_ignore"])
-            if not self.journal.available:
-                self.journal = None
+        # Stall detection needs what it watches: a unit, systemd (a unit state) and its journal. The journal is
+        # first read after the first answer that is not ready: an engine that is ready at once costs no read.
+        self.watch_journal = self.stall_s > 0 and bool(params["unit"]) and bool(unit_state)
         self.attempts = 0
 
     def elapsed(self) -> float:
@@ -225,7 +223,14 @@ class Wait:
     def request_timeout(self) -> float:
         return max(MIN_REQUEST_S, min(self.params["request_timeout_s"], self.next_limit() - time.monotonic()))
 
+    def start_watching_journal(self) -> None:
+        if self.watch_journal and self.journal is None:
+            self.watch_journal = False
+            journal = JournalProgress(self.params["unit"], self.params["progress_ignore"])
+            self.journal = journal if journal.available else None
+
     def note_progress(self, state: dict[str, str]) -> None:
+        self.start_watching_journal()
         if self.journal is None or state.get("ActiveState") not in ("active", "activating"):
             return
         if self.journal.new_progress_lines():

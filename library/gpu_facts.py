@@ -124,7 +124,7 @@ processes:
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bws_nvidia import NvidiaError, driver_loaded, gather
+from ansible.module_utils.bws_nvidia import MIG_QUERY_ARGS, NvidiaError, add_mig_modes, driver_loaded, gather
 
 ARGUMENT_SPEC = {
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
@@ -133,21 +133,6 @@ ARGUMENT_SPEC = {
     "timeout_s": {"type": "int", "default": 30},
     "mig": {"type": "bool", "default": False},
 }
-MIG_QUERY_ARGS = ("--query-gpu=index,mig.mode.current", "--format=csv,noheader,nounits")
-
-
-def add_mig_modes(gpus: list, text: str) -> None:
-    """Set mig_mode on each GPU from ``index, mig.mode.current`` rows ([N/A] on boards without MIG: None)."""
-    modes = {}
-    for line in text.splitlines():
-        index, _, mode = line.partition(",")
-        if index.strip().isdigit():
-            mode = mode.strip()
-            modes[int(index)] = None if mode.startswith("[") or mode in ("", "N/A") else mode
-    for gpu in gpus:
-        gpu["mig_mode"] = modes.get(gpu["index"])
-
-
 def timed_runner(timeout_s: int):
     """Run nvidia-smi under a timeout; an expired one is an NvidiaError of kind ``timeout`` that says so."""
 

@@ -346,3 +346,36 @@ def gather(
         "gpus": gpus,
         "processes": apps,
     }
+
+
+MIG_QUERY_ARGS = ("--query-gpu=index,mig.mode.current", "--format=csv,noheader,nounits")
+
+
+def add_mig_modes(gpus: list, text: str) -> None:
+    """Set mig_mode on each GPU from ``index, mig.mode.current`` rows ([N/A] on boards without MIG: None)."""
+    modes = {}
+    for line in text.splitlines():
+        index, _, mode = line.partition(",")
+        if index.strip().isdigit():
+            mode = mode.strip()
+            modes[int(index)] = None if mode.startswith("[") or mode in ("", "N/A") else mode
+    for gpu in gpus:
+        gpu["mig_mode"] = modes.get(gpu["index"])
+
+
+def read_mig_modes(gpus: list[dict[str, Any]], nvidia_smi: str, runner: Runner) -> None:
+    """Set mig_mode on each GPU; NvidiaError when nvidia-smi cannot tell."""
+    rc, out, err = runner([nvidia_smi, *MIG_QUERY_ARGS])
+    if rc != 0:
+        raise NvidiaError("mig", f"nvidia-smi could not report the MIG mode (exit {rc}): {(err or out).strip()}")
+    add_mig_modes(gpus, out)
+
+
+def read_gpu_facts(nvidia_smi: str, driver_proc_dir: str, timeout_s: float, mig: bool = False,
+                   setting: str = "nvidia_smi_timeout_s") -> dict[str, Any]:
+    """gather() under a timeout (naming `setting` when it expires), with each GPU's MIG mode when `mig`."""
+    runner = timed_runner(timeout_s, setting)
+    facts = gather(nvidia_smi, driver_proc_dir, runner)
+    if mig:
+        read_mig_modes(facts["gpus"], facts["nvidia_smi"], runner)
+    return facts

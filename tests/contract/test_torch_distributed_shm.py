@@ -51,6 +51,7 @@ if str(REPO / "module_utils") not in ansible.module_utils.__path__:
 sys.path.insert(0, str(REPO / "library"))
 
 import gpu_release
+from ansible.module_utils.bws_procfs import first_matching_pattern
 from ansible.module_utils.testing import patch_module_args
 
 pytestmark = pytest.mark.contract
@@ -155,7 +156,7 @@ def test_release_keeps_live_rank_entries_and_removes_what_a_killed_job_left(tmp_
         for r in ranks:
             cmdline = Path(f"/proc/{r['pid']}/cmdline").read_bytes()
             assert cmdline.split(b"\0")[0].rstrip() == r["title"].encode(), cmdline  # as setproctitle leaves it
-            assert gpu_release.first_matching_pattern([r["title"]], gpu_release.ARGUMENT_SPEC["patterns"]["default"])
+            assert first_matching_pattern([r["title"]], gpu_release.ARGUMENT_SPEC["patterns"]["default"])
 
         # Preconditions, from /proc: psm open and mapped by its rank; torch_* only mapped (fd closed).
         use = shm_use()

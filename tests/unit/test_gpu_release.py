@@ -17,7 +17,8 @@ if str(REPO / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 sys.path.insert(0, str(REPO / "library"))
 
-import gpu_release  # noqa: E402
+import gpu_release as gpu_release_module  # noqa: E402  (library/: argument handling and output)
+from ansible.module_utils import bws_gpu_release as gpu_release  # noqa: E402  (the logic)
 from ansible.module_utils import bws_procfs as pf  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
 
@@ -380,7 +381,7 @@ def sim(tmp_path: Path, mode: str = "ok", wedged: dict[int, dict] | None = None)
 
 def run_main(args, capsys, check=True):
     with patch_module_args({**args, "_ansible_check_mode": check}), pytest.raises(SystemExit) as exc:
-        gpu_release.main()
+        gpu_release_module.main()
     return exc.value.code, json.loads(capsys.readouterr().out)
 
 

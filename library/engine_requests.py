@@ -1,0 +1,187 @@
+#!/usr/bin/python
+"""Ansible module: a few HTTP requests to an engine's API in one call, answered as ansible.builtin.uri answers."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_requests
+short_description: Send a few HTTP requests to an inference engine's API in one call
+description:
+  - Sends I(requests) in order to I(base_url) from the host (the engines listen on its loopback) and returns each
+    answer the way M(ansible.builtin.uri) does - C(status) (-1 when there was none), C(msg), C(json) when the body
+    is JSON, and every response header as a top-level key (lower case, C(-) as C(_)). Verify's readiness and smoke
+    checks are one round trip instead of four.
+  - A request whose status is not in its I(expect) stops the sequence; the requests after it are returned with
+    C(skipped) true, so a broken endpoint is not also asked for a generation that can take minutes to time out.
+  - Each request has its own timeout; one that ends without an answer has C(status) -1 and a C(msg) that says
+    C(timed out).
+  - I(headers) (the API key) is never logged. I(keep_json) keeps only some top-level keys of an answer (SGLang's
+    C(/server_info) echoes its launch command, API key included).
+  - The requests are sent in check mode too (they read the endpoint; a smoke completion changes nothing there).
+options:
+  base_url:
+    description: Endpoint, for example C(http://127.0.0.1:30000).
+    type: str
+    required: true
+  headers:
+    description: Headers of the requests with I(auth) true (C(Authorization)).
+    type: dict
+    default: {}
+    no_log: true
+  requests:
+    description: The requests, sent in this order.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: Key of this answer in C(results).
+        type: str
+        required: true
+      path:
+        description: Path under I(base_url), for example C(/v1/models).
+        type: str
+        required: true
+      method:
+        description: HTTP method.
+        type: str
+        default: GET
+        choices: [GET, POST]
+      body:
+        description: JSON body (sent with C(Content-Type application/json)).
+        type: raw
+      auth:
+        description: Send I(headers).
+        type: bool
+        default: true
+      timeout:
+        description: Seconds to wait for an answer.
+        type: float
+        default: 30
+      expect:
+        description: Statuses after which the sequence goes on; empty accepts any.
+        type: list
+        elements: int
+        default: []
+      keep_json:
+        description: Keep only these top-level keys of a JSON answer; empty keeps all.
+        type: list
+        elements: str
+        default: []
+notes:
+  - Standard library only.
+author: Blackwell serving maintainers
+"""
+
+EXAMPLES = r"""
+- name: Models, server info and one completion
+  engine_requests:
+    base_url: http://127.0.0.1:30000
+    headers: {Authorization: "Bearer {{ api_key }}"}
+    requests:
+      - {name: models, path: /v1/models, expect: [200]}
+      - {name: server_info, path: /server_info, keep_json: [version]}
+      - name: smoke
+        path: /v1/chat/completions
+        method: POST
+        body: {model: kimi, messages: [{role: user, content: "What is 2 + 3?"}], max_tokens: 16}
+        timeout: 120
+  register: api
+  no_log: true
+"""
+
+RETURN = r"""
+results:
+  description: >-
+    The answer per request name - status, msg, json, elapsed_s, skipped, url, and the response headers as
+    top-level keys.
+  type: dict
+  returned: always
+"""
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def header_keys(headers: Any) -> dict[str, str]:
+    return {k.lower().replace("-", "_"): v for k, v in (headers or {}).items()}
+
+
+def parsed(body: bytes, keep: list[str]) -> Any:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if keep and isinstance(value, dict):
+        value = {k: value[k] for k in keep if k in value}
+    return value
+
+
+def send(base_url: str, headers: dict[str, str], request: dict[str, Any]) -> dict[str, Any]:
+    url = base_url.rstrip("/") + request["path"]
+    data = None
+    send_headers = dict(headers) if request["auth"] else {}
+    if request.get("body") is not None:
+        data = json.dumps(request["body"]).encode()
+        send_headers["Content-Type"] = "application/json"
+    http = urllib.request.Request(url, data=data, method=request["method"], headers=send_headers)
+    start = time.monotonic()
+    answer: dict[str, Any] = {"url": url, "skipped": False}
+    try:
+        with urllib.request.urlopen(http, timeout=request["timeout"]) as response:
+            body = response.read()
+            answer.update(status=response.status, msg=f"OK ({len(body)} bytes)", **header_keys(response.headers))
+    except urllib.error.HTTPError as error:
+        body = error.read() if error.fp else b""
+        answer.update(status=error.code, msg=f"HTTP Error {error.code}: {error.reason}", **header_keys(error.headers))
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        timed_out = isinstance(reason, (socket.timeout, TimeoutError)) or "timed out" in str(reason)
+        body = b""
+        answer.update(status=-1, msg=f"Request failed: {'timed out' if timed_out else reason}")
+    answer["elapsed_s"] = round(time.monotonic() - start, 3)
+    answer["json"] = parsed(body, request["keep_json"]) if body else None
+    return answer
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "base_url": {"type": "str", "required": True},
+            "headers": {"type": "dict", "default": {}, "no_log": True},
+            "requests": {"type": "list", "elements": "dict", "required": True, "options": {
+                "name": {"type": "str", "required": True},
+                "path": {"type": "str", "required": True},
+                "method": {"type": "str", "default": "GET", "choices": ["GET", "POST"]},
+                "body": {"type": "raw"},
+                "auth": {"type": "bool", "default": True},
+                "timeout": {"type": "float", "default": 30},
+                "expect": {"type": "list", "elements": "int", "default": []},
+                "keep_json": {"type": "list", "elements": "str", "default": []},
+            }},
+        },
+        supports_check_mode=True,
+    )
+    results: dict[str, Any] = {}
+    stopped = ""
+    for request in module.params["requests"]:
+        if stopped:
+            results[request["name"]] = {"skipped": True, "status": None, "json": None,
+                                        "msg": f"not sent: {stopped} answered unexpectedly"}
+            continue
+        answer = send(module.params["base_url"], module.params["headers"], request)
+        results[request["name"]] = answer
+        if request["expect"] and answer["status"] not in request["expect"]:
+            stopped = request["name"]
+    module.exit_json(changed=False, results=results)
+
+
+if __name__ == "__main__":
+    main()
