@@ -34,6 +34,16 @@ options:
       - Also read each GPU's current MIG mode (one more nvidia-smi query) into RV(gpus[].mig_mode).
     type: bool
     default: false
+  pci_only:
+    description:
+      - Only list the NVIDIA GPUs of the PCI bus from sysfs (RV(pci_devices)), without nvidia-smi; for hosts
+        whose driver is not installed yet (provisioning).
+    type: bool
+    default: false
+  sysfs_pci_dir:
+    description: Where the kernel lists PCI devices.
+    type: path
+    default: /sys/bus/pci/devices
   timeout_s:
     description:
       - Seconds each nvidia-smi call may take. Past it the call is killed and the module fails saying so (a hung
@@ -69,6 +79,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+pci_devices:
+  description: NVIDIA display and 3D controllers in sysfs (vendor 0x10de, class 0x03xxxx) - bus_id, device.
+  returned: always
+  type: list
+  elements: dict
 available:
   description: Whether nvidia-smi answered.
   returned: always
@@ -124,7 +139,7 @@ processes:
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bws_nvidia import MIG_QUERY_ARGS, NvidiaError, add_mig_modes, driver_loaded, gather
+from ansible.module_utils.bws_nvidia import MIG_QUERY_ARGS, NvidiaError, add_mig_modes, driver_loaded, gather, pci_gpus
 
 ARGUMENT_SPEC = {
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
@@ -132,6 +147,8 @@ ARGUMENT_SPEC = {
     "fail_on_missing": {"type": "bool", "default": True},
     "timeout_s": {"type": "int", "default": 30},
     "mig": {"type": "bool", "default": False},
+    "pci_only": {"type": "bool", "default": False},
+    "sysfs_pci_dir": {"type": "path", "default": "/sys/bus/pci/devices"},
 }
 def timed_runner(timeout_s: int):
     """Run nvidia-smi under a timeout; an expired one is an NvidiaError of kind ``timeout`` that says so."""
@@ -151,13 +168,18 @@ def timed_runner(timeout_s: int):
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
+    pci = pci_gpus(params["sysfs_pci_dir"])
+    if params["pci_only"]:
+        module.exit_json(changed=False, available=False, pci_devices=pci, driver_loaded=driver_loaded(
+            params["driver_proc_dir"]), reason="pci_only: nvidia-smi not run", gpu_count=0, gpus=[], processes=[])
 
     try:
         facts = gather(params["nvidia_smi"], params["driver_proc_dir"], timed_runner(params["timeout_s"]))
     except NvidiaError as exc:
         missing = exc.kind in ("missing_tool", "no_driver")
         if params["fail_on_missing"] or not missing:
-            module.fail_json(msg=str(exc), kind=exc.kind, driver_loaded=driver_loaded(params["driver_proc_dir"]))
+            module.fail_json(msg=str(exc), kind=exc.kind, rc=exc.rc, output=exc.output, pci_devices=pci,
+                             driver_loaded=driver_loaded(params["driver_proc_dir"]))
         module.exit_json(
             changed=False,
             available=False,
@@ -166,6 +188,7 @@ def main() -> None:
             gpu_count=0,
             gpus=[],
             processes=[],
+            pci_devices=pci,
         )
     if params["mig"]:
         try:
@@ -175,7 +198,7 @@ def main() -> None:
         if rc != 0:
             module.fail_json(msg=f"nvidia-smi could not report the MIG mode (exit {rc}): {(err or out).strip()}")
         add_mig_modes(facts["gpus"], out)
-    module.exit_json(changed=False, available=True, reason="", **facts)
+    module.exit_json(changed=False, available=True, reason="", pci_devices=pci, **facts)
 
 
 if __name__ == "__main__":

@@ -57,9 +57,11 @@ Runner = Callable[[Sequence[str]], tuple[int, str, str]]
 class NvidiaError(Exception):
     """nvidia-smi could not give facts; ``kind`` says why (missing_tool, no_driver, failed, parse)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, rc: int | None = None, output: str = "") -> None:
         super().__init__(message)
         self.kind = kind
+        self.rc = rc  # nvidia-smi's exit status and what it printed, when it ran and failed
+        self.output = output
 
 
 def _clean(value: str) -> str | None:
@@ -288,8 +290,10 @@ def checked_output(nvidia_smi: str, args: Sequence[str], rc: int, out: str, err:
     if rc != 0:
         text = (err or "") + (out or "")
         if _NO_DRIVER_RE.search(text):
-            raise NvidiaError("no_driver", f"nvidia-smi cannot reach the NVIDIA driver (rc={rc}): {text.strip()}")
-        raise NvidiaError("failed", f"{nvidia_smi} {' '.join(args)} failed (rc={rc}): {text.strip()}")
+            raise NvidiaError("no_driver", f"nvidia-smi cannot reach the NVIDIA driver (rc={rc}): {text.strip()}",
+                              rc=rc, output=text.strip())
+        raise NvidiaError("failed", f"{nvidia_smi} {' '.join(args)} failed (rc={rc}): {text.strip()}",
+                          rc=rc, output=text.strip())
     return out
 
 
@@ -379,3 +383,34 @@ def read_gpu_facts(nvidia_smi: str, driver_proc_dir: str, timeout_s: float, mig:
     if mig:
         read_mig_modes(facts["gpus"], facts["nvidia_smi"], runner)
     return facts
+
+
+# ---------------------------------------------------------------- the PCI view (no driver needed)
+
+NVIDIA_VENDOR = "0x10de"
+DISPLAY_CLASS_PREFIX = "0x03"  # VGA (0x0300xx) and 3D (0x0302xx) controllers
+
+
+def _sysfs(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def pci_gpus(pci_dir: str = "/sys/bus/pci/devices") -> list[dict[str, str]]:
+    """NVIDIA display and 3D controllers as the kernel lists them, driver or not: bus_id (as in sysfs,
+    0000:01:00.0) and device (the PCI device id, 0x2bb1), by bus id."""
+    try:
+        names = sorted(os.listdir(pci_dir))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        device_dir = os.path.join(pci_dir, name)
+        if _sysfs(os.path.join(device_dir, "vendor")) != NVIDIA_VENDOR:
+            continue
+        if _sysfs(os.path.join(device_dir, "class")).startswith(DISPLAY_CLASS_PREFIX):
+            found.append({"bus_id": name, "device": _sysfs(os.path.join(device_dir, "device"))})
+    return found
