@@ -89,11 +89,11 @@ class EngineHost:
         (self.inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": children}}))
 
     def run_playbook(self, playbook: str, extravars: dict | None = None, check: bool = False,
-                     limit: str | None = None) -> PlaybookRun:
+                     limit: str | None = None, tags: str | None = None, skip_tags: str | None = None) -> PlaybookRun:
         private = Path(tempfile.mkdtemp(prefix="runner-", dir=self.workdir))
         result = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(REPO), playbook=playbook,
-            inventory=str(self.inventory), extravars=extravars or {}, limit=limit,
+            inventory=str(self.inventory), extravars=extravars or {}, limit=limit, tags=tags, skip_tags=skip_tags,
             cmdline="--check --diff" if check else None,
             envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": os.environ["PATH"],
                      "ANSIBLE_COLLECTIONS_PATH": os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""),

@@ -106,6 +106,27 @@ def test_second_deploy_changes_nothing(host, runs):
     assert main_pid(host) == pid
 
 
+def test_tags_switch_still_runs_the_preflight_and_the_gate(host, runs):
+    pid = main_pid(host)
+    run = host.run_playbook("deploy_sglang.yml", tags="switch")
+    runs.append(run)
+    assert run.status == "successful", run.stdout[-3000:]
+    assert run.count("changed", host.name) == 0
+    for task in ("engine_service : Preflight | passed", "verify : Check the answer"):
+        assert f"TASK [{task}]" in run.stdout, f"--tags switch must still run {task}"
+    assert main_pid(host) == pid
+
+
+def test_a_tag_selection_that_skips_the_gate_is_refused_before_any_switch(host, runs):
+    pid, state = main_pid(host), host.state()
+    run = host.run_playbook("deploy_sglang.yml", extravars={"engine_profile": "sandbox-tiny"}, skip_tags="gate")
+    runs.append(run)
+    assert run.rc != 0
+    assert "Refusing to switch bws-it-engine: the tag selection" in " ".join(run.stdout.split())
+    assert main_pid(host) == pid and host.health() == 200
+    assert host.state() == state
+
+
 def _profiles_with(name: str, **changes) -> dict:
     profiles = build_profiles()
     profiles[name].update(changes)

@@ -29,6 +29,22 @@ OLD_ENTRIES = """
 {%-   endfor -%}
 {%- endfor -%}
 {{ out }}"""
+OLD_BATCHES = """
+{%- set out = [] -%}
+{%- for plan in plans -%}
+{%-   set index = loop.index0 -%}
+{%-   for batch in plan.batches -%}
+{%-     set _ = out.append({'plan': index, 'dest': plan.dest, 'paths': batch.paths, 'label': batch.label}) -%}
+{%-   endfor -%}
+{%- endfor -%}
+{{ out }}"""
+PLANS = [  # model_fetch plan results, as the role registers them (only the keys the batching reads)
+    {"dest": "/srv/models/a", "complete": False, "batches": [
+        {"paths": ["model-00001-of-00002.safetensors"], "label": "1 file, 5.0 GiB"},
+        {"paths": ["model-00002-of-00002.safetensors", "config.json"], "label": "2 files, 4.1 GiB"}]},
+    {"dest": "/srv/models/b", "complete": True, "batches": []},
+    {"dest": "/srv/models/c", "complete": False, "batches": [{"paths": ["x.safetensors"], "label": "1 file, 1 B"}]},
+]
 PROFILES = {
     **yaml.safe_load((REPO / "inventory/production/group_vars/all/models.yml").read_text())["engine_profiles"],
     "no-source": {"model": {"path": "/srv/m", "source": None}, "drafter": None},
@@ -44,3 +60,9 @@ def test_entries_as_the_jinja_loop_listed_them(names):
 
 def test_a_profile_without_a_drafter_lists_only_its_model():
     assert [e["kind"] for e in filters.model_store_entries(PROFILES, ["no-source"])] == ["model"]
+
+
+@pytest.mark.parametrize("plans", [PLANS, [], PLANS[1:]])
+def test_batches_as_the_jinja_loop_grouped_them(plans):
+    expected = Templar(loader=DataLoader(), variables={"plans": plans}).template(trust_as_template(OLD_BATCHES))
+    assert filters.model_store_batches(plans) == expected

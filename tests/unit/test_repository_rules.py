@@ -69,3 +69,72 @@ def test_every_task_uses_a_fully_qualified_or_local_module_name():
             if not actions and not any(k in local_modules for k in task):
                 bad.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert bad == []
+
+
+# ---------------------------------------------------------------- one place for each concern
+
+ALL_YAML = [p for pattern in ("roles/**/*.yml", "playbooks/*.yml", "*.yml", "inventory/**/*.yml", "molecule/**/*.yml")
+            for p in REPO.glob(pattern) if ".git" not in p.parts]
+SHIPPED_PYTHON = [*REPO.glob("library/*.py"), *REPO.glob("module_utils/*.py"), *REPO.glob("action_plugins/*.py"),
+                  *REPO.glob("roles/*/action_plugins/*.py"), *REPO.glob("roles/*/filter_plugins/*.py"),
+                  *REPO.glob("roles/*/files/*.py")]
+NVIDIA_SMI_SITE = REPO / "module_utils" / "bws_nvidia.py"
+# Runs on the host as the engine unit's user under systemd-run, outside Ansible, with only bws_pcie.py beside it: its
+# own MIG and P2P-topology reads are diagnostics of that run (every deploy and provision read goes through
+# module_utils/bws_nvidia.py).
+NVIDIA_SMI_EXEMPT = {REPO / "roles" / "engine_service" / "files" / "interconnect_proof.py"}
+
+
+def code_lines(path: Path) -> list[str]:
+    """The lines of a file without comments and without Python docstrings/DOCUMENTATION blocks."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        text = re.sub(r'r?"""(.|\n)*?"""', "", text)
+    return [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+
+
+def test_no_parsing_loops_in_jinja():
+    pattern = re.compile(r"namespace\(|\{%-?\s*set\s+_\s*=")
+    offenders = [str(p.relative_to(REPO)) for p in ALL_YAML if pattern.search(p.read_text())]
+    assert offenders == [], f"parse in a filter plugin or module_utils, not in Jinja: {offenders}"
+
+
+def test_one_site_queries_nvidia_smi():
+    query = re.compile(r"--query-(gpu|compute-apps)|[\"']topo[\"']\s*,")
+    offenders = [str(p.relative_to(REPO)) for p in [*ALL_YAML, *SHIPPED_PYTHON]
+                 if p != NVIDIA_SMI_SITE and p not in NVIDIA_SMI_EXEMPT
+                 and any(query.search(line) for line in code_lines(p))]
+    assert any(query.search(line) for line in code_lines(NVIDIA_SMI_SITE)), "the pattern must find the one site"
+    assert offenders == [], f"nvidia-smi is queried by module_utils/bws_nvidia.py only (gpu_facts): {offenders}"
+    commands = [str(p.relative_to(REPO)) for p in ALL_YAML
+                if re.search(r"(argv|cmd|command|shell):.*\bnvidia-smi\b", p.read_text())]
+    assert commands == [], f"no task runs nvidia-smi itself: {commands}"
+
+
+def test_health_is_polled_only_by_engine_wait():
+    tasks_with_health = []
+    waits = [p for p in ALL_YAML if re.search(r"(?m)^\s*engine_wait:\s*$", p.read_text())]
+    for path in ALL_YAML:
+        for task in _tasks(yaml.safe_load(path.read_text()) or []):
+            action = {k: v for k, v in task.items() if k in ("ansible.builtin.uri", "ansible.builtin.command",
+                                                                "ansible.builtin.shell", "ansible.builtin.get_url")}
+            if "/health" in str(action):
+                tasks_with_health.append(f"{path.relative_to(REPO)}: {task.get('name')}")
+    assert waits, "engine_wait tasks must be found (the rule would be empty otherwise)"
+    assert tasks_with_health == [], tasks_with_health
+    polling = [str(p.relative_to(REPO)) for p in SHIPPED_PYTHON
+               if p.name != "engine_wait.py" and any("/health" in line for line in code_lines(p))]
+    assert polling == [], f"/health is polled by library/engine_wait.py only: {polling}"
+
+
+def test_one_unknown_variable_mechanism():
+    mechanism = {REPO / "action_plugins" / "input_check.py"}
+    pattern = re.compile(r"varnames|unknown variable")
+    offenders = [str(p.relative_to(REPO)) for p in [*ALL_YAML, *SHIPPED_PYTHON]
+                 if p not in mechanism and any(pattern.search(line) for line in code_lines(p))]
+    assert offenders == [], f"unknown variables are refused by action_plugins/input_check.py only: {offenders}"
+
+
+def test_no_module_over_450_lines():
+    long = {p.name: n for p in (REPO / "library").glob("*.py") if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}, f"move the logic to module_utils: {long}"

@@ -1,5 +1,6 @@
-"""model_store_entries: the model and drafter directories of the requested profiles, one entry each.
-Unit-tested in tests/unit/test_model_store_filters.py against the Jinja loop it replaced."""
+"""The model store's list building: the directories of the requested profiles (model_store_entries) and the
+transfers of their plans (model_store_batches). Unit-tested in tests/unit/test_model_store_filters.py against the
+Jinja loops they replaced."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ def model_store_entries(profiles: dict[str, dict[str, Any]], names: list[str]) -
     return entries
 
 
+def model_store_batches(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The transfers of each plan (model_fetch results with `batches`), flattened in order:
+    [{plan (index of the plan), dest, paths, label}]."""
+    return [{"plan": index, "dest": plan["dest"], "paths": batch["paths"], "label": batch["label"]}
+            for index, plan in enumerate(plans) for batch in plan["batches"]]
+
+
 class FilterModule:
     def filters(self) -> dict:
-        return {"model_store_entries": model_store_entries}
+        return {"model_store_entries": model_store_entries, "model_store_batches": model_store_batches}
