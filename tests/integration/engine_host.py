@@ -89,7 +89,8 @@ class EngineHost:
         (self.inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": children}}))
 
     def run_playbook(self, playbook: str, extravars: dict | None = None, check: bool = False,
-                     limit: str | None = None, tags: str | None = None, skip_tags: str | None = None) -> PlaybookRun:
+                     limit: str | None = None, *, tags: str | None = None,
+                     skip_tags: str | None = None) -> PlaybookRun:
         private = Path(tempfile.mkdtemp(prefix="runner-", dir=self.workdir))
         result = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(REPO), playbook=playbook,

@@ -65,7 +65,7 @@ class ActionModule(ActionBase):
         args = self._task.args
         unknown = sorted(set(args) - {"inputs", "out_dir", "chart"})
         if unknown or "inputs" not in args or "out_dir" not in args:
-            raise AnsibleActionFail(f"verify_report needs inputs and out_dir (and optionally chart); got {sorted(args)}")
+            raise AnsibleActionFail(f"verify_report needs inputs and out_dir (chart is optional); got {sorted(args)}")
         if not isinstance(args["inputs"], dict):
             raise AnsibleActionFail("verify_report: inputs must be a mapping")
         result.update(write_report(args["inputs"], Path(str(args["out_dir"])), bool(args.get("chart", True))))
