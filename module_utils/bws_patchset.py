@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ansible.module_utils import bws_patch_runner
 from ansible.module_utils.bws_unidiff import (
     FilePatch,
     HunkMismatchError,
@@ -224,68 +226,10 @@ def load_patchset(directory: str, manifest: dict) -> PatchSet:
 # ---------------------------------------------------------------------------------------------------------
 # Running the engine's interpreter.
 
-_RUNNER = r"""
-import importlib, json, os, sys, traceback
-spec = json.load(open(sys.argv[1]))
-out = {"ok": True, "compiled": [], "imports": [], "assertions": []}
-def fail(entry, exc):
-    entry["ok"] = False
-    entry["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    out["ok"] = False
-def finish():
-    with open(sys.argv[2], "w") as handle:
-        json.dump(out, handle)
-    sys.exit(0)
-for path, source in spec.get("compile", {}).items():
-    entry = {"path": path, "ok": True}
-    out["compiled"].append(entry)
-    try:
-        compile(source, path, "exec", dont_inherit=True)
-    except BaseException as exc:
-        fail(entry, exc)
-if not out["ok"] or not spec.get("imports"):
-    finish()
-sys.dont_write_bytecode = True
-namespace = {}
-try:
-    exec(compile(spec.get("preamble", ""), "<patchset preamble>", "exec"), namespace)
-except BaseException as exc:
-    fail({}, exc); out["imports"].append({"module": "<preamble>", "ok": False, "error": str(exc)}); finish()
-expected = spec.get("expected_files", {})
-for name in spec["imports"]:
-    entry = {"module": name, "ok": True}
-    out["imports"].append(entry)
-    try:
-        module = importlib.import_module(name)
-    except BaseException as exc:
-        fail(entry, exc); finish()
-    entry["file"] = getattr(module, "__file__", None)
-    want = expected.get(name)
-    if want and os.path.realpath(entry["file"] or "") != os.path.realpath(want):
-        entry["ok"] = False; out["ok"] = False
-        entry["error"] = "imported from %s, not from the patched %s" % (entry["file"], want)
-        finish()
-for alias, target in spec.get("names", {}).items():
-    module_name, _, attribute = target.partition(":")
-    try:
-        value = importlib.import_module(module_name)
-        for part in filter(None, attribute.split(".")):
-            value = getattr(value, part)
-        namespace[alias] = value
-    except BaseException as exc:
-        entry = {"that": "%s = %s" % (alias, target), "ok": True}
-        out["assertions"].append(entry); fail(entry, exc); finish()
-for item in spec.get("assertions", []):
-    entry = {"that": item["that"], "ok": True}
-    out["assertions"].append(entry)
-    try:
-        if not eval(item["that"], namespace):
-            entry["ok"] = False; out["ok"] = False
-            entry["error"] = item.get("msg") or "assertion is false"
-    except BaseException as exc:
-        fail(entry, exc)
-finish()
-"""
+def runner_source() -> str:
+    """module_utils/bws_patch_runner.py's source, as the engine's interpreter runs it (``python -c``): it is packed
+    with this module (AnsiballZ) and read back from there."""
+    return inspect.getsource(bws_patch_runner)
 
 
 def run_in_engine(python: str, spec: dict, env: dict | None = None, timeout: float = 600) -> dict:
@@ -298,7 +242,7 @@ def run_in_engine(python: str, spec: dict, env: dict | None = None, timeout: flo
         full_env.pop("PYTHONPATH", None)
         full_env.update(env or {})
         try:
-            proc = subprocess.run([python, "-c", _RUNNER, spec_path, out_path], capture_output=True,
+            proc = subprocess.run([python, "-c", runner_source(), spec_path, out_path], capture_output=True,
                                   text=True, env=full_env, timeout=timeout, check=False, cwd=work)
         except FileNotFoundError as exc:
             raise PatchSetError(f"engine interpreter not found: {python}") from exc

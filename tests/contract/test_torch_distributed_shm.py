@@ -28,7 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 from sglang_helpers import contract_python, free_port
 from torch_shm_helpers import (
@@ -46,13 +45,14 @@ from torch_shm_helpers import (
     wait_stalled,
 )
 
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+from tests.module_utils_loader import use_repository_module_utils
+
+use_repository_module_utils()
 sys.path.insert(0, str(REPO / "library"))
 
-import gpu_release
-from ansible.module_utils.bws_procfs import first_matching_pattern
-from ansible.module_utils.testing import patch_module_args
+import gpu_release  # noqa: E402
+from ansible.module_utils.bws_procfs import first_matching_pattern  # noqa: E402
+from ansible.module_utils.testing import patch_module_args  # noqa: E402
 
 pytestmark = pytest.mark.contract
 

@@ -14,7 +14,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 import yaml
 
@@ -27,8 +26,9 @@ BUILD_TIMEOUT_S = 900
 # Used only when no lock file says which vLLM is pinned (roles/vllm/locks/, `pinned: true`).
 FALLBACK_PINNED_VLLM = "0.33.0"
 
-if str(REPO_ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO_ROOT / "module_utils"))
+from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
+
+use_repository_module_utils()
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 

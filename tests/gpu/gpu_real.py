@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import ansible.module_utils
-
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
+
+use_repository_module_utils()
 
 from ansible.module_utils import bws_nvidia as nv  # noqa: E402
 from gpu_helpers import (  # noqa: E402

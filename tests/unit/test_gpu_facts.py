@@ -7,12 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
+
+use_repository_module_utils()
 sys.path.insert(0, str(REPO / "library"))
 
 import gpu_facts  # noqa: E402

@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
+
+use_repository_module_utils()
 
 from ansible.module_utils.bws_unidiff import (  # noqa: E402
     HunkMismatchError,
