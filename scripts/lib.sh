@@ -63,17 +63,3 @@ print(platform.python_version() + ("" if u.find_spec("ensurepip") else " without
   if [ ${#found[@]} -eq 0 ]; then echo "found no python3 on PATH"; else
     local IFS=,; echo "found ${found[*]}"; fi
 }
-
-# boot_test_host NAME: start a systemd container from the test-host image and wait until systemd
-# reports the system up (podman exec races the container's bus at first, so poll).
-boot_test_host() {
-  local name=$1 state="" i
-  podman run -d --replace --name "$name" --hostname "$name" --systemd=always --cap-add=SYS_ADMIN \
-    --label owner=bws-test "$SANDBOX_IMAGE" /sbin/init >/dev/null
-  for i in $(seq 1 60); do
-    state=$(podman exec "$name" systemctl is-system-running --wait 2>/dev/null || true)
-    case $state in running|degraded) return 0;; esac
-    sleep 0.5
-  done
-  die "$name did not boot (systemd: ${state:-no answer})"
-}

@@ -25,7 +25,7 @@ bash scripts/build-image.sh
 
 if [ "$(podman inspect -f '{{.State.Running}}' "$SANDBOX" 2>/dev/null)" != true ]; then
   stage "boot $SANDBOX (systemd container standing in for a GPU server)"
-  boot_test_host "$SANDBOX"
+  bash scripts/boot-test-host.sh "$SANDBOX"
 fi
 ansible-playbook -i inventory/sandbox tests/sandbox/prepare_host.yml >/dev/null
 

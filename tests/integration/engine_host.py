@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,19 +58,11 @@ class EngineHost:
         return other
 
     def boot(self) -> None:
-        for name in self.fleet:
-            podman("run", "-d", "--replace", "--name", name, "--hostname", name, "--systemd=always",
-                   "--cap-add=SYS_ADMIN", "--label", "owner=bws-test", IMAGE, "/sbin/init")
-        deadline = time.monotonic() + 90
-        waiting = list(self.fleet)
-        while waiting and time.monotonic() < deadline:
-            state = podman("exec", waiting[0], "systemctl", "is-system-running", "--wait", check=False)
-            if state.stdout.strip() in ("running", "degraded"):
-                waiting.pop(0)
-            else:
-                time.sleep(0.5)
-        if waiting:
-            raise RuntimeError(f"{waiting} did not boot")
+        """scripts/boot-test-host.sh: the project's one way to boot a test host."""
+        booted = subprocess.run(["bash", str(REPO / "scripts" / "boot-test-host.sh"), "--label", "owner=bws-test",
+                                 "--image", IMAGE, *self.fleet], capture_output=True, text=True, check=False)
+        if booted.returncode != 0:
+            raise RuntimeError(f"{self.fleet} did not boot: {booted.stderr.strip()}")
 
     def destroy(self) -> None:
         podman("rm", "-f", "--ignore", "-t", "0", *self.fleet, check=False)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Boots systemd test hosts from the test-host image (scripts/build-image.sh) with rootful podman, all at once, and
+# waits until systemd reports each one up. The one way the project boots a test host: the sandbox (sandbox.sh),
+# the Molecule scenarios (molecule/shared/create.yml) and the host scenarios (tests/integration/engine_host.py).
+#   bash scripts/boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] NAME...
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+label=owner=bws-test
+image=$SANDBOX_IMAGE
+while [ $# -gt 0 ]; do
+  case $1 in
+    --label) label=$2; shift 2 ;;
+    --image) image=$2; shift 2 ;;
+    -*) die "unknown option $1 (usage: boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] NAME...)" ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || die "no host name given (usage: boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] NAME...)"
+
+for name in "$@"; do
+  podman run -d --replace --name "$name" --hostname "$name" --systemd=always --cap-add=SYS_ADMIN \
+    --label "$label" "$image" /sbin/init >/dev/null
+done
+# podman exec races the container's bus at first: poll, within a bound.
+for name in "$@"; do
+  state=""
+  for _ in $(seq 1 180); do
+    state=$(podman exec "$name" systemctl is-system-running --wait 2>/dev/null || true)
+    case $state in running|degraded) continue 2 ;; esac
+    sleep 0.5
+  done
+  die "$name did not boot (systemd: ${state:-no answer})"
+done
