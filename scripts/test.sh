@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command (README, .ci/run). Installs what it needs, then runs, failing on
 # the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
-# module, pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
+# module, the execution environment's build context (ansible-builder create), pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
 # engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
 # Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
@@ -54,6 +54,12 @@ module_docs() {
   # roles: their argument specs (defaults included) render, as users read them
   ansible-doc -t role -r roles $(ls roles) >/dev/null || { echo "ansible-doc -t role failed"; return 1; }
   echo "ansible-doc ok: $(ls roles | wc -l) roles"
+}
+
+ee_create() {  # the execution environment's build context (building it needs a registry: not here)
+  ansible-builder create -f execution-environment.yml -c "$RESULTS/ee-context" >/dev/null
+  [ -s "$RESULTS/ee-context/Containerfile" ] || { echo "ansible-builder create wrote no Containerfile"; return 1; }
+  echo "execution environment context ok: $(grep -c '^FROM' "$RESULTS/ee-context/Containerfile") build stages"
 }
 
 pytest_stage() {  # pytest_stage NAME ARGS...
@@ -112,6 +118,7 @@ run_stage ansible-lint ansible-lint --strict -q
 run_stage ruff ruff check .
 run_stage syntax-check syntax_check
 run_stage ansible-doc module_docs
+run_stage execution-environment ee_create
 run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
 if [ -d tests/contract ]; then
   run_stage contract-venvs await_background contract-venvs
