@@ -49,6 +49,7 @@ from ansible.module_utils.bws_procfs import (
     unit_cgroup_pids,
 )
 from ansible.module_utils.bws_release_state import read_serving, record_stopped
+from ansible.module_utils.bws_systemd import ENABLED_STATES, UNIT_PROPERTIES, parse_show, systemctl_here
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "units": {"type": "list", "elements": "str", "default": []},
@@ -391,27 +392,18 @@ def select(
 
 # ---------------------------------------------------------------- systemd units
 
-UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,Result,UnitFileState,ControlGroup"
-ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
 
 
-def systemd_runs_here() -> str | None:
-    """systemctl's path when systemd is the service manager of this host (sd_booted), else None."""
-    systemctl = shutil.which("systemctl")
-    return systemctl if systemctl and os.path.isdir("/run/systemd/system") else None
+# systemctl's path when systemd is the service manager of this host (sd_booted), else None.
+systemd_runs_here = systemctl_here
 
 
 def show_units(module: AnsibleModule, systemctl: str, units: list[str]) -> dict[str, dict[str, str]]:
     """``systemctl show`` of all units in one call: one KEY=VALUE block per unit."""
-    rc, out, err = module.run_command([systemctl, "show", f"--property={UNIT_PROPERTIES}", *units])
+    rc, out, err = module.run_command([systemctl, "show", f"--property={','.join(UNIT_PROPERTIES)}", *units])
     if rc != 0:
         raise ReleaseError(f"systemctl show {' '.join(units)} failed (rc={rc}): {err.strip()}")
-    states: dict[str, dict[str, str]] = {}
-    for block in out.strip().split("\n\n"):
-        state = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if state.get("Id"):
-            states[state["Id"]] = state
-    return states
+    return {state["Id"]: state for state in parse_show(out) if state.get("Id")}
 
 
 def systemctl_do(module: AnsibleModule, systemctl: str, verb: str, units: list[str]) -> None:

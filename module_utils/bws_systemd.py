@@ -100,10 +100,13 @@ def show_units(units: list[str], properties: tuple[str, ...] = UNIT_PROPERTIES, 
         raise SystemdError(f"systemctl show {' '.join(units)} did not answer within {timeout:g} s") from exc
     if result.returncode != 0:
         raise SystemdError(f"systemctl show {' '.join(units)} failed (rc={result.returncode}): {result.stderr.strip()}")
-    states: dict[str, dict[str, str]] = {}
-    for unit, block in zip(units, result.stdout.strip().split("\n\n"), strict=False):
-        states[unit] = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-    return states
+    return dict(zip(units, parse_show(result.stdout), strict=False))
+
+
+def parse_show(text: str) -> list[dict[str, str]]:
+    """`systemctl show` output of several units: one KEY=VALUE block per unit, in the order asked for."""
+    return [dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+            for block in text.strip().split("\n\n")]
 
 
 def service_summary(properties: dict[str, str]) -> dict[str, str]:
