@@ -26,6 +26,7 @@ BUILD_TIMEOUT_S = 900
 # Used only when no lock file says which vLLM is pinned (roles/vllm/locks/, `pinned: true`).
 FALLBACK_PINNED_VLLM = "0.33.0"
 
+sys.path.insert(0, str(REPO_ROOT))  # the tests package, also when this runs as a script
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()

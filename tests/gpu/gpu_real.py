@@ -19,6 +19,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(REPO))  # the tests package, also when this runs as a script
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
