@@ -3,7 +3,8 @@
 # the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
 # module, the execution environment's build context (ansible-builder create), pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
 # engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
-# Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background.
+# Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background,
+# and Molecule runs beside the host scenarios.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
 # (-v) and Molecule one line per scenario step and task, so a long stage shows where it is. The run ends with
 # the stage times and a pytest-style "N passed, N failed" line.
@@ -125,8 +126,11 @@ if [ -d tests/contract ]; then
   run_stage contracts pytest_stage contracts "${PARALLEL[@]}" tests/contract
 fi
 run_stage image await_background image
-run_stage molecule run_molecule
+# Molecule's scenarios (hosts of their own) run beside the host scenarios: much of their time is apt and systemd
+# waiting, not CPU. Their log is printed, whole, when they end.
+start_background molecule run_molecule
 # Four scenario files with hosts of their own (lifecycle, faults, proof, fleet): a worker each.
 run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-4}" --dist loadfile -m container \
   tests/integration
+run_stage molecule await_background molecule
 summary 0
