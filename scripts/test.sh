@@ -3,8 +3,7 @@
 # the first error: yamllint, ansible-lint (production), ruff, syntax checks, ansible-doc of every
 # module, the execution environment's build context (ansible-builder create), pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
 # engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
-# Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background,
-# and Molecule runs beside the host scenarios.
+# Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
 # (-v) and Molecule one line per scenario step and task, so a long stage shows where it is. The run ends with
 # the stage times and a pytest-style "N passed, N failed" line.
@@ -126,11 +125,8 @@ if [ -d tests/contract ]; then
   run_stage contracts pytest_stage contracts "${PARALLEL[@]}" tests/contract
 fi
 run_stage image await_background image
-# Molecule's scenarios (hosts of their own) run beside the host scenarios: much of their time is apt and systemd
-# waiting, not CPU. Their log is printed, whole, when they end.
-start_background molecule run_molecule
+run_stage molecule run_molecule
 # Four scenario files with hosts of their own (lifecycle, faults, proof, fleet): a worker each.
 run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-4}" --dist loadfile -m container \
   tests/integration
-run_stage molecule await_background molecule
 summary 0
