@@ -1,6 +1,7 @@
 # Engine patch sets: selection by engine version, exact application into an installed site-packages tree,
 # atomic replacement with backups, compile + import verification in the engine's own interpreter, rollback.
-# Standard library only: this runs on the target host inside an Ansible module.
+# Standard library only (version ranges use `packaging` where the interpreter has it): this runs on the target
+# host inside an Ansible module.
 """Apply, detect and revert patch sets against an installed Python engine."""
 
 from __future__ import annotations
@@ -44,7 +45,17 @@ class PatchSetError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Versions: the subset of PEP 440 that engine releases use (N.N.N, aN/bN/rcN, .postN, .devN, +local).
+# Versions. PEP 440 through `packaging` (the maintained implementation) wherever the interpreter has it: the
+# controller, and every engine venv (pip, torch and the engines depend on it). A bare system Python on the
+# target may lack it: there the subset below, which agrees with `packaging` on every form engine releases use
+# (N.N.N, aN/bN/rcN, .postN, .devN, +local; tests/unit/test_python_patch.py compares the two).
+# Pre-releases and dev builds count as inside a range (an engine built from a dev tag is still that engine).
+
+try:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+except ImportError:  # pragma: no cover - depends on the interpreter
+    SpecifierSet = None
 
 _VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|rc)(\d+))?(?:[-_.]?post(\d+))?(?:[-_.]?dev(\d+))?"
                       r"(?:\+[A-Za-z0-9.]+)?$")
@@ -70,19 +81,50 @@ def parse_version(text: str) -> tuple:
     return (release, pre_key, post_key, dev_key)
 
 
-def version_in(version: str, specifier: str) -> bool:
-    """True when `version` satisfies every clause of a specifier such as '>=0.17.0,<0.18'."""
-    key = parse_version(version)
+def _is_final(key: tuple) -> bool:
+    return key[1] == (3, 0) and key[2] == -1 and key[3] == float("inf")
+
+
+def _clause_holds(key: tuple, op: str, bound: tuple) -> bool:
+    # PEP 440's exclusive comparisons: `<V` admits no pre-release of V, `>V` no post-release of V (unless V is one).
+    same_release = key[0] == bound[0]
+    if op == "<" and same_release and _is_final(bound):
+        return False
+    if op == ">" and same_release and _is_final(bound) and key > bound:
+        return False
+    return {">=": key >= bound, "<=": key <= bound, ">": key > bound, "<": key < bound,
+            "==": key == bound, "!=": key != bound}[op]
+
+
+def _clauses(specifier: str) -> list[tuple[str, str]]:
+    # Manifests keep to these six operators, so that a target without `packaging` reads every manifest the same.
+    clauses = []
     for clause in (c.strip() for c in specifier.split(",") if c.strip()):
         match = re.match(r"^(>=|<=|==|!=|>|<)\s*(\S+)$", clause)
         if not match:
             raise PatchSetError(f"unsupported version clause '{clause}' in '{specifier}'")
-        op, bound = match.group(1), parse_version(match.group(2))
-        ok = {">=": key >= bound, "<=": key <= bound, ">": key > bound, "<": key < bound,
-              "==": key == bound, "!=": key != bound}[op]
-        if not ok:
-            return False
-    return True
+        clauses.append((match.group(1), match.group(2)))
+    return clauses
+
+
+def version_in_subset(version: str, specifier: str) -> bool:
+    """The standard-library fallback of `version_in`."""
+    key = parse_version(version)
+    return all(_clause_holds(key, op, parse_version(bound)) for op, bound in _clauses(specifier))
+
+
+def version_in(version: str, specifier: str) -> bool:
+    """True when `version` satisfies every clause of a specifier such as '>=0.17.0,<0.18'."""
+    clauses = _clauses(specifier)
+    if SpecifierSet is None:
+        return version_in_subset(version, specifier)
+    try:
+        return SpecifierSet(",".join(op + bound for op, bound in clauses)).contains(Version(version),
+                                                                                    prereleases=True)
+    except InvalidSpecifier as error:
+        raise PatchSetError(f"unsupported version clause in '{specifier}': {error}") from None
+    except InvalidVersion:
+        raise PatchSetError(f"cannot parse version '{version}'") from None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -284,10 +284,21 @@ def test_in_range_version_with_a_backport_is_not_needed(engine: Engine):
     [("0.17.1", ">=0.17.0,<0.18", True), ("0.18.0", ">=0.17.0,<0.18", False),
      ("0.17.0rc1", ">=0.17.0,<0.18", False), ("0.17.2.dev5+g1234", ">=0.17.0,<0.18", True),
      ("0.17.1+cu130", ">=0.17.0,<0.18", True), ("0.16.0", ">=0.17.0,<0.18", False),
-     ("0.33.0", ">=0.18.0", True), ("0.9.0", ">=0.18.0", False), ("1.0.0.post1", ">1.0.0", True)],
+     ("0.33.0", ">=0.18.0", True), ("0.9.0", ">=0.18.0", False),
+     # PEP 440's exclusive comparisons: no post-release of V is > V, no pre-release of V is < V
+     ("1.0.0.post1", ">1.0.0", False), ("1.0.1", ">1.0.0", True), ("0.18.0rc1", ">=0.17.0,<0.18", False),
+     ("0.18.0rc1", "<0.18.0rc2", True), ("1.0.0.post2", ">1.0.0.post1", True), ("0.17", "==0.17.0", True)],
 )
 def test_version_ranges(version, spec, inside):
     assert bp.version_in(version, spec) is inside
+    # the standard-library fallback (a target Python without `packaging`) agrees with packaging
+    assert bp.version_in_subset(version, spec) is inside
+
+
+def test_version_ranges_use_packaging_where_it_is_installed():
+    assert bp.SpecifierSet is not None, "the controller's venv has packaging: the maintained implementation is used"
+    with pytest.raises(bp.PatchSetError, match="unsupported version clause"):
+        bp.version_in("1.0.0", "~=1.0")  # valid PEP 440, but outside the grammar every target reads
 
 
 def test_discovers_version_and_site_from_the_engine_interpreter(engine: Engine):
