@@ -53,10 +53,14 @@ mkdir -p "$DOWNLOADS" "$CONTRACT"
 
 log() { printf '[contract-venv-vllm %s %4ss] %s\n' "$VERSION" "$SECONDS" "$*" >&2; }
 quiet_pip() { "$1"/bin/python -m pip --disable-pip-version-check -q "${@:2}" >&2; }
+# No bytecode at install time: the tests import a small part of torch and vLLM, and Python compiles (and caches)
+# what it imports; compiling every installed file was a large part of a cold build's CPU time.
+quiet_install() { quiet_pip "$1" install --no-compile "${@:2}"; }
 
-# One builder at a time per cache: parallel test runs wait instead of corrupting a half-built venv.
+# Parallel builders wait instead of corrupting a half-built venv: one lock for the shared base venv and the
+# downloads, one per version's venv, so that two versions build side by side once the base exists.
 exec 9>"$CONTRACT/.lock"
-flock 9
+exec 8>"$CONTRACT/.lock-vllm-$VERSION"
 
 stamp_ok() { [ -f "$1/.bws-contract-ok" ] && [ "$(cat "$1/.bws-contract-ok")" = "$2" ]; }
 
@@ -68,7 +72,7 @@ ensure_base() {
   "$CONTRACT_PYTHON" -m venv "$BASE"
   # The +cpu local label: where no CPU wheel is offered pip fails, instead of fetching the CUDA build.
   # 'setuptools<81' is vLLM's own build requirement.
-  quiet_pip "$BASE" install "torch==$TORCH_VERSION+cpu" 'setuptools<81' setuptools-scm setuptools-rust wheel \
+  quiet_install "$BASE" "torch==$TORCH_VERSION+cpu" 'setuptools<81' setuptools-scm setuptools-rust wheel \
     packaging ninja jinja2 cmake
   "$BASE"/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' \
     || die "a CUDA torch was installed into $BASE; expected the CPU wheel"
@@ -133,11 +137,11 @@ ensure_venv() {
   echo "$base_site" >"$site/_bws_contract_base.pth"
   local deps
   mapfile -t deps < <(pinned_parser_deps "${PARSER_DEPS[@]}")
-  quiet_pip "$VENV" install "${deps[@]}"
+  quiet_install "$VENV" "${deps[@]}"
   mapfile -t deps < <(pinned_parser_deps "${NO_DEPS[@]}")
-  quiet_pip "$VENV" install --no-deps "${deps[@]}"
+  quiet_install "$VENV" --no-deps "${deps[@]}"
   VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=$VERSION PATH=$BASE/bin:$PATH \
-    quiet_pip "$VENV" install --no-deps --no-build-isolation "$SDIST"
+    quiet_install "$VENV" --no-deps --no-build-isolation "$SDIST"
   "$VENV"/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' \
     || die "$VENV sees a CUDA torch; expected the CPU wheel"
   "$VENV"/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != sys.argv[1])' \
@@ -146,11 +150,14 @@ ensure_venv() {
   log "venv ready"
 }
 
+flock 8
+flock 9
 ensure_sdist
 if $sdist_only; then
   echo "$SDIST"
   exit 0
 fi
 ensure_base
+flock -u 9
 ensure_venv
 echo "$VENV"
