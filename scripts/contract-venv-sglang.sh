@@ -94,13 +94,13 @@ build() {
   torch=$(lock_get contract.torch)
   mapfile -t packages < <(pinned_packages)
   log "pip install $torch ${packages[*]}"
-  "${pip[@]}" install --no-compile "$torch" "${packages[@]}" >&2 \
+  "${pip[@]}" install "$torch" "${packages[@]}" >&2 \
     || die "could not install $torch and the parser packages (is a CPU torch wheel reachable? BWS_TORCH_CPU_INDEX)"
   "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' \
     || die "$VENV got a CUDA torch; the contract venv must use the CPU build"
   log "pip install $(lock_get contract.engine_install) $(lock_get contract.engine)"
   # shellcheck disable=SC2046  # engine_install is a list of pip options
-  "${pip[@]}" install --no-compile $(lock_get contract.engine_install) "$(lock_get contract.engine)" >&2
+  "${pip[@]}" install $(lock_get contract.engine_install) "$(lock_get contract.engine)" >&2
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   # Stubs are copied into the venv (a clone elsewhere must not break a cached venv) and put on its path by
   # a .pth file, after site-packages: a real package of the same name would win and is refused below.

@@ -52,10 +52,10 @@ SDIST=$DOWNLOADS/vllm-$VERSION.tar.gz
 mkdir -p "$DOWNLOADS" "$CONTRACT"
 
 log() { printf '[contract-venv-vllm %s %4ss] %s\n' "$VERSION" "$SECONDS" "$*" >&2; }
+# pip compiles byte-code at install on purpose: the tests import torch and vLLM in many short processes, and where
+# PYTHONDONTWRITEBYTECODE is set (the CI machines set it) nothing compiled at import time is kept: a cold run with
+# --no-compile spent 170 s more in the contract stage than it saved in the build.
 quiet_pip() { "$1"/bin/python -m pip --disable-pip-version-check -q "${@:2}" >&2; }
-# No bytecode at install time: the tests import a small part of torch and vLLM, and Python compiles (and caches)
-# what it imports; compiling every installed file was a large part of a cold build's CPU time.
-quiet_install() { quiet_pip "$1" install --no-compile "${@:2}"; }
 
 # Parallel builders wait instead of corrupting a half-built venv: one lock for the shared base venv and the
 # downloads, one per version's venv, so that two versions build side by side once the base exists.
@@ -72,7 +72,7 @@ ensure_base() {
   "$CONTRACT_PYTHON" -m venv "$BASE"
   # The +cpu local label: where no CPU wheel is offered pip fails, instead of fetching the CUDA build.
   # 'setuptools<81' is vLLM's own build requirement.
-  quiet_install "$BASE" "torch==$TORCH_VERSION+cpu" 'setuptools<81' setuptools-scm setuptools-rust wheel \
+  quiet_pip "$BASE" install "torch==$TORCH_VERSION+cpu" 'setuptools<81' setuptools-scm setuptools-rust wheel \
     packaging ninja jinja2 cmake
   "$BASE"/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' \
     || die "a CUDA torch was installed into $BASE; expected the CPU wheel"
@@ -137,11 +137,11 @@ ensure_venv() {
   echo "$base_site" >"$site/_bws_contract_base.pth"
   local deps
   mapfile -t deps < <(pinned_parser_deps "${PARSER_DEPS[@]}")
-  quiet_install "$VENV" "${deps[@]}"
+  quiet_pip "$VENV" install "${deps[@]}"
   mapfile -t deps < <(pinned_parser_deps "${NO_DEPS[@]}")
-  quiet_install "$VENV" --no-deps "${deps[@]}"
+  quiet_pip "$VENV" install --no-deps "${deps[@]}"
   VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=$VERSION PATH=$BASE/bin:$PATH \
-    quiet_install "$VENV" --no-deps --no-build-isolation "$SDIST"
+    quiet_pip "$VENV" install --no-deps --no-build-isolation "$SDIST"
   "$VENV"/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' \
     || die "$VENV sees a CUDA torch; expected the CPU wheel"
   "$VENV"/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != sys.argv[1])' \

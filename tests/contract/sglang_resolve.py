@@ -53,7 +53,7 @@ def _build() -> tuple[Path | None, str]:
         shutil.rmtree(target, ignore_errors=True)
         try:
             proc = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install",
-                                   "--no-deps", "--no-compile", "--target", str(target), *pinned_packages(lock)],
+                                   "--no-deps", "--target", str(target), *pinned_packages(lock)],
                                   capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             return None, f"pip install ran past {BUILD_TIMEOUT_S} s"
