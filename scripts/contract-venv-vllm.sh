@@ -53,7 +53,7 @@ mkdir -p "$DOWNLOADS" "$CONTRACT"
 
 log() { printf '[contract-venv-vllm %s %4ss] %s\n' "$VERSION" "$SECONDS" "$*" >&2; }
 # pip compiles byte-code at install on purpose: the tests import torch and vLLM in many short processes, and where
-# PYTHONDONTWRITEBYTECODE is set (the CI machines set it) nothing compiled at import time is kept: a cold run with
+# PYTHONDONTWRITEBYTECODE is set (as on the machines this was timed on) nothing compiled at import time is kept: a cold run with
 # --no-compile spent 170 s more in the contract stage than it saved in the build.
 quiet_pip() { "$1"/bin/python -m pip --disable-pip-version-check -q "${@:2}" >&2; }
 
