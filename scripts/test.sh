@@ -2,7 +2,8 @@
 # The project's one test command (README, .ci/run). Installs what it needs, then runs, failing on
 # the first error: yamllint, ansible-lint (production; it runs `ansible-playbook --syntax-check` on every
 # playbook, root-level entry points included, and every role), ruff, ansible-doc of every
-# module, the execution environment's build context (ansible-builder create), pytest (unit + integration), the engine contracts, Molecule on systemd test hosts, and the
+# module, the execution environment's build context (ansible-builder create), pytest (unit + integration), Molecule on
+# systemd test hosts, the engine contracts, and the
 # engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
 # Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
@@ -79,7 +80,10 @@ run_molecule() {  # the scenarios side by side (hosts of their own), each line p
 }
 
 # Downloads and installs that only later stages need (the test-host image, the contract venvs) run in the
-# background while the lint and unit stages use the CPU; the stage that needs one waits for it and prints its log.
+# background while the lint, unit and Molecule stages run; the stage that needs one waits for it and prints its log.
+# The contract venvs (3.6 GB, mostly CPU: unpacking and byte-compiling torch and the engines) build at a lower CPU
+# priority, and the contract stage comes after Molecule: they take the CPU the stages before them leave, Molecule
+# provision's serial apt and systemd waits above all, instead of slowing the lint and unit stages.
 declare -A BACKGROUND=()
 start_background() {  # start_background NAME COMMAND...
   local name=$1; shift
@@ -103,19 +107,19 @@ PARALLEL=(-n "${BWS_TEST_WORKERS:-2}" --dist loadfile)
 
 run_stage bootstrap bash scripts/bootstrap.sh
 start_background image bash scripts/build-image.sh
-[ -d tests/contract ] && start_background contract-venvs python tests/contract/prepare_venvs.py
+[ -d tests/contract ] && start_background contract-venvs nice -n 10 python tests/contract/prepare_venvs.py
 run_stage yamllint yamllint --strict .
 run_stage ansible-lint ansible-lint --strict -q
 run_stage ruff ruff check .
 run_stage ansible-doc module_docs
 run_stage execution-environment ee_create
 run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
+run_stage image await_background image
+run_stage molecule run_molecule
 if [ -d tests/contract ]; then
   run_stage contract-venvs await_background contract-venvs
   run_stage contracts pytest_stage contracts "${PARALLEL[@]}" tests/contract
 fi
-run_stage image await_background image
-run_stage molecule run_molecule
 # Four scenario files with hosts of their own (lifecycle, faults, proof, fleet): a worker each.
 run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-4}" --dist loadfile -m container \
   tests/integration
