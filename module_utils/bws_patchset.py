@@ -107,17 +107,21 @@ def _clauses(specifier: str) -> list[tuple[str, str]]:
     return clauses
 
 
+def _subset_holds(version: str, clauses: list[tuple[str, str]]) -> bool:
+    key = parse_version(version)
+    return all(_clause_holds(key, op, parse_version(bound)) for op, bound in clauses)
+
+
 def version_in_subset(version: str, specifier: str) -> bool:
     """The standard-library fallback of `version_in`."""
-    key = parse_version(version)
-    return all(_clause_holds(key, op, parse_version(bound)) for op, bound in _clauses(specifier))
+    return _subset_holds(version, _clauses(specifier))
 
 
 def version_in(version: str, specifier: str) -> bool:
     """True when `version` satisfies every clause of a specifier such as '>=0.17.0,<0.18'."""
     clauses = _clauses(specifier)
     if SpecifierSet is None:
-        return version_in_subset(version, specifier)
+        return _subset_holds(version, clauses)
     try:
         return SpecifierSet(",".join(op + bound for op, bound in clauses)).contains(Version(version),
                                                                                     prereleases=True)

@@ -1,8 +1,8 @@
 """Build every contract venv the contract tests use, through the same functions the tests call.
 
-scripts/test.sh runs this in the background while the lint and unit stages run, so that the downloads
-and installs (network and disk bound) overlap with CPU-bound work; the contract stage then finds the
-venvs built. The builders run in lanes side by side (SGLang's venvs; the pinned vLLM; the other vLLM
+scripts/test.sh runs this in the background, at a lower CPU priority, while the lint, unit and Molecule
+stages run, so that the downloads and installs take the CPU those stages leave; the contract stage then
+finds the venvs built. The builders run in lanes side by side (SGLang's venvs; the pinned vLLM; the other vLLM
 versions, which wait for the pinned one's shared torch base venv): one after another, a cold build took
 longer than every stage before the contracts. Run by hand: `python tests/contract/prepare_venvs.py`. Exit 1 when
 one cannot be built, naming it (the contract tests would fail on it under CI anyway).
