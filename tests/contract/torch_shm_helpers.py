@@ -79,10 +79,16 @@ def set_process_title(title: str) -> str:
 # ---------------------------------------------------------------- the job (runs where torch is)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
+def _write_atomically(path: Path, text: str) -> None:
+    # write_text truncates first: a reader between truncate and write would see "" (a heartbeat that seems
+    # to have stopped, or moved, when it did neither).
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write_atomically(path, json.dumps(data))
 
 
 def _psm_segment(name: str) -> Any:
@@ -150,10 +156,10 @@ def rank_main(rank: int, cfg: dict[str, Any]) -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize()  # waits for the collective itself, not only its launch
             count += 1
-            heartbeat.write_text(str(count))
+            _write_atomically(heartbeat, str(count))
             time.sleep(cfg.get("interval_s", 0.01))
     except Exception as exc:
-        heartbeat.write_text(f"{count} error: {type(exc).__name__}: {str(exc)[:300]}")
+        _write_atomically(heartbeat, f"{count} error: {type(exc).__name__}: {str(exc)[:300]}")
     while True:  # a rank that outlived its peer: holds its memory and segments until it is killed
         time.sleep(3600)
 
@@ -216,6 +222,15 @@ class Job:
             if time.monotonic() > deadline:
                 raise AssertionError(f"collectives do not complete: heartbeats stuck at {start}\n{self.tail()}")
             time.sleep(0.02)
+
+    def wait_heartbeat_moves(self, rank: int, timeout: float = 10.0) -> None:
+        """Rank ``rank`` is completing collectives right now (its heartbeat moves within ``timeout`` s)."""
+        before = heartbeat(self.work, rank)
+        deadline = time.monotonic() + timeout
+        while heartbeat(self.work, rank) == before:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rank {rank} was not running collectives (heartbeat {before!r})\n{self.tail()}")
+            time.sleep(0.01)
 
     def launcher_pid(self) -> int:
         return self.proc.pid

@@ -69,7 +69,6 @@ from torch_shm_helpers import (  # noqa: E402
     INSIDE_ENV,
     Job,
     alive,
-    heartbeat,
     private_namespace_argv,
     private_namespace_unavailable,
     private_shm_mounted,
@@ -277,9 +276,7 @@ class Rep:
 
     def kill_rank1(self, job: Job) -> dict[str, Any]:
         r0, r1 = job.ranks
-        was = heartbeat(job.work, 1)
-        time.sleep(0.2)
-        check(heartbeat(job.work, 1) != was, "rank 1 is not completing collectives before the kill")
+        job.wait_heartbeat_moves(1)  # raises when rank 1 is not completing collectives before the kill
         os.kill(r1["pid"], signal.SIGKILL)
         t_kill = time.monotonic()
         check(wait_gone([r1["pid"]], 60) == [], "rank 1 survived SIGKILL for 60 s")
