@@ -366,11 +366,14 @@ class Handler(BaseHTTPRequestHandler):
                     self.engine.aborts.discard(self.aborted)
         elif path == "/abort_request" and self.engine.flavour == "sglang":
             # SGLang 0.5.23 http_server.py abort_request -> tokenizer_manager.abort_request(abort_all=...).
-            if request.get("abort_all"):
-                with self.engine.lock:
+            # The reply goes out under the lock: the aborted requests cannot count themselves out before it, so the
+            # drain watchdog cannot exit mid-reply (SGLang answers on its one event loop before its watchdog looks
+            # again, 5 s later).
+            with self.engine.lock:
+                if request.get("abort_all"):
                     for aborted in self.engine.aborts:
                         aborted.set()
-            self._send(HTTPStatus.OK, "")
+                self._send(HTTPStatus.OK, "")
         else:
             self._send(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
 

@@ -372,9 +372,13 @@ def test_baseline_mode_writes_a_baseline_to_pass_back(run):
     baseline = json.loads((directory / "baseline.json").read_text())
     assert baseline["kind"] == "verify-baseline" and baseline["profile"] == "p" and baseline["host"] == "baseline"
     assert baseline["speculative_counters_seen"] is False
-    # Concurrency 1 is stable; higher levels swing with the CI box's load, so only their presence is checked.
-    assert baseline["output_throughput"]["1"] == pytest.approx(run["baseline"][1], rel=0.3)
-    assert set(baseline["output_throughput"]) == {str(level) for level in LEVELS}
+    inputs = json.loads((directory / "inputs.json").read_text())
+    measured = {str(level["concurrency"]): level["result"]["output_throughput"] for level in inputs["bench"]["levels"]}
+    assert baseline["output_throughput"] == measured  # what the client measured on this host, every level
+    assert set(measured) == {str(level) for level in LEVELS}
+    # ... and that was the non-speculative engine: within the load swing of the test's own measurement of it
+    # (a shared 2-core box has given 0.68x of it while twelve hosts ran beside), far from the 1.8x double.
+    assert 0.5 * run["baseline"][1] <= measured["1"] <= 1.4 * run["baseline"][1], (measured, run["baseline"])
     assert f"baseline for verify_baseline: {directory / 'baseline.json'}" in run["output"]
 
 
