@@ -3,7 +3,7 @@
 # the first error: yamllint, ansible-lint (production; it runs `ansible-playbook --syntax-check` on every
 # playbook, root-level entry points included, and every role), ruff, ansible-doc of every
 # module, the execution environment's build context (ansible-builder create), pytest (unit + integration), Molecule on
-# systemd test hosts, the engine contracts, and the
+# systemd test hosts beside the engine contracts, and the
 # engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
 # Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
@@ -21,6 +21,7 @@ declare -a STAGE_TIMES=()
 summary() {
   local status=$1
   printf '\n### stage times\n'; printf '  %s\n' "${STAGE_TIMES[@]}"
+  [ ! -f "$RESULTS/lane-times" ] || { printf '  of which, side by side:\n'; sed 's/^/    /' "$RESULTS/lane-times"; }
   "$VENV_DIR/bin/python" "$REPO_ROOT/tests/summary.py" "$RESULTS" || true
   exit "$status"
 }
@@ -59,22 +60,47 @@ pytest_stage() {  # pytest_stage NAME ARGS...
   pytest -v -p no:cacheprovider --durations=12 --junitxml="$RESULTS/$name.xml" "$@"
 }
 
-run_molecule() {  # the scenarios side by side (hosts of their own), each line prefixed with its scenario
-  local scenario rc=0 pid
-  local -a pids=()
-  for scenario in ${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}; do
-    [ -f "molecule/$scenario/molecule.yml" ] || continue
+molecule_scenario() {  # molecule_scenario NAME: one scenario on hosts of its own, each line prefixed with its name
+  local scenario=$1 start status=0
+  start=$(date +%s)
+  BWS_JUNIT="$RESULTS/molecule-$scenario.xml" molecule test -s "$scenario" 2>&1 | sed -u "s/^/[$scenario] /" \
+    || status=$?
+  printf '### molecule scenario %s: %s in %ss\n' "$scenario" "$([ $status -eq 0 ] && echo ok || echo FAILED)" \
+    "$(( $(date +%s) - start ))"
+  printf '%-28s %5ss  %s\n' "molecule $scenario" "$(( $(date +%s) - start ))" \
+    "$([ $status -eq 0 ] && echo ok || echo FAILED)" >> "$RESULTS/lane-times"
+  return "$status"
+}
+
+contracts_after_venvs() {  # the contract stage: waits for its venvs (in this shell: it waits on its job), then runs
+  local start rc=0
+  if [ -d tests/contract ]; then
+    await_background contract-venvs || rc=$?
+    start=$(date +%s)
+    [ $rc -ne 0 ] || pytest_stage contracts "${PARALLEL[@]}" tests/contract || rc=$?
+    printf '%-28s %5ss  %s\n' "contracts" "$(( $(date +%s) - start ))" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" \
+      >> "$RESULTS/lane-times"
+  fi
+  return "$rc"
+}
+
+# Molecule and the contracts in two lanes. Molecule provision (a bare host provisioned, re-run, verified: the
+# longest scenario) is mostly serial apt, systemd and playbook start-up, about one core; the other lane runs
+# the default scenario, then the contract stage (its venvs built by then, or awaited), on the other core.
+molecule_and_contracts() {
+  local rc=0 scenario
+  local -a scenarios=(${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}) pids=()
+  for scenario in "${scenarios[@]}"; do
+    [ -f "molecule/$scenario/molecule.yml" ] && [ "$scenario" != default ] || continue
     stage "molecule test -s $scenario"
-    (
-      start=$(date +%s); status=0
-      BWS_JUNIT="$RESULTS/molecule-$scenario.xml" molecule test -s "$scenario" 2>&1 | sed -u "s/^/[$scenario] /" \
-        || status=$?
-      printf '### molecule scenario %s: %s in %ss\n' "$scenario" "$([ $status -eq 0 ] && echo ok || echo FAILED)" \
-        "$(( $(date +%s) - start ))"
-      exit "$status"
-    ) &
-    pids+=($!)
+    molecule_scenario "$scenario" & pids+=($!)
   done
+  if [[ " ${scenarios[*]} " == *" default "* ]]; then
+    stage "molecule test -s default"
+    molecule_scenario default || rc=1
+  fi
+  stage "contracts (beside Molecule ${scenarios[*]})"
+  contracts_after_venvs > >(sed -u 's/^/[contracts] /') 2>&1 || rc=1
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   return "$rc"
 }
@@ -82,8 +108,8 @@ run_molecule() {  # the scenarios side by side (hosts of their own), each line p
 # Downloads and installs that only later stages need (the test-host image, the contract venvs) run in the
 # background while the lint, unit and Molecule stages run; the stage that needs one waits for it and prints its log.
 # The contract venvs (3.6 GB, mostly CPU: unpacking and byte-compiling torch and the engines) build at a lower CPU
-# priority, and the contract stage comes after Molecule: they take the CPU the stages before them leave, Molecule
-# provision's serial apt and systemd waits above all, instead of slowing the lint and unit stages.
+# priority: they take the CPU the stages before them leave instead of slowing the lint and unit stages. The
+# contract stage itself runs beside Molecule provision, after the default scenario (molecule_and_contracts).
 declare -A BACKGROUND=()
 start_background() {  # start_background NAME COMMAND...
   local name=$1; shift
@@ -115,11 +141,7 @@ run_stage ansible-doc module_docs
 run_stage execution-environment ee_create
 run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
 run_stage image await_background image
-run_stage molecule run_molecule
-if [ -d tests/contract ]; then
-  run_stage contract-venvs await_background contract-venvs
-  run_stage contracts pytest_stage contracts "${PARALLEL[@]}" tests/contract
-fi
+run_stage "molecule + contracts" molecule_and_contracts
 # Four scenario files with hosts of their own (lifecycle, faults, proof, fleet): a worker each.
 run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-4}" --dist loadfile -m container \
   tests/integration

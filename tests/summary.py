@@ -27,8 +27,9 @@ def main(results: Path) -> None:
     stages = results / "stages.tsv"
     for line in stages.read_text().splitlines() if stages.exists() else []:
         name, rc = line.split("\t")
-        if name in junit_stages or name == "molecule":
-            if rc != "0" and name == "molecule":
+        molecule = name.startswith("molecule")  # its verifiers (and the contracts beside it) write JUnit files
+        if name in junit_stages or molecule:
+            if rc != "0" and molecule:
                 failed += 1
             continue
         passed, failed = (passed + 1, failed) if rc == "0" else (passed, failed + 1)

@@ -185,63 +185,52 @@ def test_venv_built_offline_with_the_requirement_set(host):
 
 # --- playbook runs on the converged host -----------------------------------------------------------
 
+# Each case: (role, its inputs as inventory variables of a host alias, what the refusal must say).
 REFUSALS = {
     "misspelled variable": (
-        ("nvidia_driver", "-e", "nvidia_driver_brnach=590"),
+        "nvidia_driver",
+        {"nvidia_driver_brnach": "590"},
         "unknown variable nvidia_driver_brnach: not an option of role nvidia_driver"
         " (did you mean nvidia_driver_branch?)",
     ),
-    "mistyped variable": (
-        ("nvidia_driver", "-e", '{"nvidia_driver_reboot": "maybe"}'),
-        "nvidia_driver_reboot",
+    "mistyped variable": ("nvidia_driver", {"nvidia_driver_reboot": "maybe"}, "nvidia_driver_reboot"),
+    "mistyped number": (
+        "nvidia_driver",
+        {"nvidia_driver_reboot_timeout": "soon"},
+        "variable nvidia_driver_reboot_timeout (role nvidia_driver)",
     ),
-    "branch older than R580": (
-        ("nvidia_driver", "-e", "nvidia_driver_branch=575"),
-        "nvidia_driver_branch=575 refused",
-    ),
+    "branch older than R580": ("nvidia_driver", {"nvidia_driver_branch": "575"}, "nvidia_driver_branch=575 refused"),
     "proprietary flavour": (
-        ("nvidia_driver", "-e", "nvidia_driver_flavour=proprietary"),
+        "nvidia_driver",
+        {"nvidia_driver_flavour": "proprietary"},
         "nvidia_driver_flavour=proprietary refused",
     ),
-    "CUDA older than 12.9": (
-        ("cuda_toolkit", "-e", "cuda_toolkit_version=12.8"),
-        "cuda_toolkit_version=12.8 refused",
-    ),
+    "CUDA older than 12.9": ("cuda_toolkit", {"cuda_toolkit_version": "12.8"}, "cuda_toolkit_version=12.8 refused"),
     "CUDA meta package that pulls a driver": (
-        ("cuda_toolkit", "-e", "cuda_toolkit_package=cuda-13-0"),
+        "cuda_toolkit",
+        {"cuda_toolkit_package": "cuda-13-0"},
         "cuda_toolkit_package=cuda-13-0 refused",
     ),
     "Secure Boot without an enrolled DKMS key": (
-        ("nvidia_driver", "-e", "nvidia_driver_secure_boot=enabled"),
+        "nvidia_driver",
+        {"nvidia_driver_secure_boot": "enabled"},
         "DKMS signing certificate /var/lib/dkms/mok.pub is missing. Nothing was installed.",
     ),
     "one venv shared by two engines": (
-        (
-            "python_env",
-            "-e",
-            "python_env_name=vllm",
-            "-e",
-            "python_env_path=/opt/provision-test/venv",
-            "-e",
-            '{"python_env_requirements": ["six==1.17.0"]}',
-        ),
+        "python_env",
+        {"python_env_name": "vllm", "python_env_path": "/opt/provision-test/venv",
+         "python_env_requirements": ["six==1.17.0"]},
         "/opt/provision-test/venv is the venv of 'provision-test', not 'vllm'",
     ),
     "interpreter too old or missing": (
-        (
-            "python_env",
-            "-e",
-            "python_env_name=x",
-            "-e",
-            "python_env_path=/opt/x/venv",
-            "-e",
-            '{"python_env_requirements": ["six==1.17.0"]}',
-            "-e",
-            "python_env_interpreter=/usr/bin/python3.9",
-        ),
+        "python_env",
+        {"python_env_name": "x", "python_env_path": "/opt/x/venv", "python_env_requirements": ["six==1.17.0"],
+         "python_env_interpreter": "/usr/bin/python3.9"},
         "/usr/bin/python3.9 was not found; the x venv needs Python 3.11 or newer",
     ),
 }
+# Refused by the input check (pre_tasks), before any task of the role.
+INPUT_CHECK_REFUSALS = {"misspelled variable", "mistyped variable", "mistyped number"}
 
 
 CMDLINES = {
@@ -250,27 +239,68 @@ CMDLINES = {
 }
 
 
+def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
+    """One role_probe.yml run for many cases: each case is an inventory alias of the test host with its own
+    role and inputs (inventory variables, which the input check reads as it reads -e). Returns per case the
+    results of its host (ansible.posix.json callback): {"stats": ..., "results": [(task name, result), ...]}."""
+    aliases = {f"case{index}": case for index, case in enumerate(cases)}
+    hosts = {
+        alias: {"ansible_host": HOSTS[0], "ansible_connection": "containers.podman.podman",
+                "probe_role": cases[case][0], **cases[case][1]}
+        for alias, case in aliases.items()
+    }
+    extra = EPHEMERAL / "alias-probes.yml"
+    extra.write_text(json.dumps({"all": {"children": {"gpu_servers": {"hosts": hosts}}}}))
+    cmd = ["ansible-playbook", "-i", str(Path(INVENTORY).parent), "-i", str(extra), "--limit", ",".join(aliases),
+           str(SCENARIO / "tests" / "role_probe.yml")]
+    # callbacks_enabled names only the stdout callback itself, which Ansible loads once: ansible.cfg's profile_tasks
+    # would print its table into the JSON document (an empty list is refused).
+    json_callback = "ansible.posix.json"
+    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": json_callback, "ANSIBLE_CALLBACKS_ENABLED": json_callback}
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=600, check=False)
+    try:
+        document = json.loads(run.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"no JSON from the probe run: {run.stdout[-3000:]}\n{run.stderr[-2000:]}") from exc
+    per_case = {case: {"stats": document["stats"].get(alias), "results": []} for alias, case in aliases.items()}
+    for play in document["plays"]:
+        for task in play["tasks"]:
+            for alias, result in task["hosts"].items():
+                per_case[aliases[alias]]["results"].append((task["task"]["name"], result))
+    return per_case
+
+
+def strings_of(value: object) -> str:
+    """Every string in a task result, on one line: what its messages say, wherever the module put them."""
+    if isinstance(value, dict):
+        return " ".join(strings_of(v) for v in value.values())
+    if isinstance(value, list):
+        return " ".join(strings_of(v) for v in value)
+    return one_line(value) if isinstance(value, str) else ""
+
+
 @pytest.fixture(scope="module", autouse=True)
 def background_runs():
-    """Read-only playbook runs (check mode, refusals, preflight) go on while the quick checks above run."""
+    """Read-only playbook runs (check mode; one run for the refusals and preflight cases) go on while the
+    quick checks above run."""
     for name, cmdline in CMDLINES.items():
         subprocess.run(["podman", "exec", HOSTS[0], "sh", "-c", f"echo '{cmdline}' > /run/cmdline-{name}"], check=True)
     # IOMMU groups without a type file (kernels before 5.11): the command line decides the mode. The container's
     # own sysfs may have no groups at all (no IOMMU), which would hide the command line.
     subprocess.run(["podman", "exec", HOSTS[0], "mkdir", "-p", "/run/iommu-groups-untyped/0/devices"], check=True)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {"check": pool.submit(playbook, str(SCENARIO / "converge.yml"), "--check")}
-        futures.update({name: pool.submit(probe, *case[0]) for name, case in REFUSALS.items()})
-        futures.update(
-            {
-                f"cmdline-{name}": pool.submit(
-                    probe, "host_preflight", "-e", f"host_preflight_cmdline_file=/run/cmdline-{name}",
-                    "-e", "host_preflight_iommu_groups_dir=/run/iommu-groups-untyped",
-                )
-                for name in CMDLINES
-            }
-        )
-        yield futures
+    cases = {name: case[:2] for name, case in REFUSALS.items()}
+    cases.update(
+        {
+            f"cmdline-{name}": ("host_preflight", {"host_preflight_cmdline_file": f"/run/cmdline-{name}",
+                                                    "host_preflight_iommu_groups_dir": "/run/iommu-groups-untyped"})
+            for name in CMDLINES
+        }
+    )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            "check": pool.submit(playbook, str(SCENARIO / "converge.yml"), "--check"),
+            "cases": pool.submit(alias_probes, cases),
+        }
 
 
 def test_check_mode_changes_nothing_on_a_converged_host(background_runs):
@@ -307,30 +337,30 @@ def test_reboot_pending_then_already_running(host):
 
 
 def test_bad_input_fails_before_any_change(background_runs):
-    for name, (_, message) in REFUSALS.items():
-        result = background_runs[name].result()
-        text = one_line(result.stdout + result.stderr)
-        assert result.returncode != 0, f"{name}: not refused"
-        assert message in text, f"{name}: {text[-1500:]}"
-        assert recap(result)["changed"] == 0, name
+    cases = background_runs["cases"].result()
+    for name, (_, _, message) in REFUSALS.items():
+        stats, results = cases[name]["stats"], cases[name]["results"]
+        failed = [(task, result) for task, result in results if result.get("failed")]
+        assert stats["failures"] == 1 and len(failed) == 1, f"{name}: not refused ({stats})"
+        assert stats["changed"] == 0, name
+        task, result = failed[0]
+        assert message in strings_of(result), f"{name}: {task}: {strings_of(result)[-1500:]}"
+        assert failed[0] == results[-1], f"{name}: tasks ran after the refusal"
+        if name in INPUT_CHECK_REFUSALS:
+            assert "refuse unknown and mistyped variables" in task, f"{name}: refused by {task!r}, not the input check"
+            assert not any(t.startswith(f"{REFUSALS[name][0]} :") for t, _ in results), f"{name}: a role task ran"
 
 
 def test_preflight_warns_about_translated_iommu_with_the_fix(background_runs):
-    translated = background_runs["cmdline-translated"].result()
-    passthrough = background_runs["cmdline-passthrough"].result()
-    assert translated.returncode == 0 and passthrough.returncode == 0
-    assert "1 IOMMU/ACS finding(s)" in one_line(translated.stdout)
-    assert "add iommu=pt to GRUB_CMDLINE_LINUX" in one_line(translated.stdout)
-    assert "0 IOMMU/ACS finding(s)" in one_line(passthrough.stdout)
-    assert recap(translated)["changed"] == 0
-
-
-def test_mistyped_variable_fails_in_the_input_check():
-    result = probe("nvidia_driver", "-e", '{"nvidia_driver_reboot_timeout": "soon"}')
-    text = one_line(result.stdout + result.stderr)
-    assert result.returncode != 0
-    assert "variable nvidia_driver_reboot_timeout (role nvidia_driver)" in text, text[-2000:]
-    assert "TASK [nvidia_driver" not in text, "the check must fail before the role's first task"
+    cases = background_runs["cases"].result()
+    translated, passthrough = cases["cmdline-translated"], cases["cmdline-passthrough"]
+    for case in (translated, passthrough):
+        assert case["stats"]["failures"] == 0 and case["stats"]["changed"] == 0, case["stats"]
+    said = {name: strings_of([result for _, result in case["results"]]) for name, case in
+            (("translated", translated), ("passthrough", passthrough))}
+    assert "1 IOMMU/ACS finding(s)" in said["translated"]
+    assert "add iommu=pt to GRUB_CMDLINE_LINUX" in said["translated"]
+    assert "0 IOMMU/ACS finding(s)" in said["passthrough"]
 
 
 def test_branch_change_moves_cleanly_and_back(host, background_runs):
