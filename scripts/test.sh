@@ -142,7 +142,10 @@ run_stage execution-environment ee_create
 run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
 run_stage image await_background image
 run_stage "molecule + contracts" molecule_and_contracts
-# Four scenario files with hosts of their own (lifecycle, faults, proof, fleet): a worker each.
-run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-4}" --dist loadfile -m container \
+# Six scenario files with hosts of their own (lifecycle, faults, faults after start, proof, fleet, release scope):
+# five workers, so that the five long files start at once (xdist hands files out by test count, largest first)
+# and the short release-scope file follows the first to finish. Most of their time is spent waiting on engine
+# doubles, systemd and timeouts; the CPU-bound part is shared out by the kernel either way.
+run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-5}" --dist loadfile -m container \
   tests/integration
 summary 0

@@ -1,6 +1,6 @@
-"""Shared by the engine lifecycle scenarios (test_engine_lifecycle.py, test_engine_faults.py): the test
-inventory, a booted host per scenario file, deploys and the checks both files make. Each scenario file has
-a host of its own, so that the two run side by side (pytest-xdist, one file per worker)."""
+"""Shared by the engine lifecycle scenarios (test_engine_lifecycle.py, test_engine_faults*.py): the test
+inventory, a booted host per scenario file, deploys and the checks the files share. Each scenario file has
+a host of its own, so that they run side by side (pytest-xdist, one file per worker)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,17 @@
 """Fault cases on one booted systemd host of their own: refused deploys that leave the engine untouched,
-failed starts and gates that roll back, hangs, deadlocks, an interrupted deploy. The engine is the ENGINE
-TEST DOUBLE. The tests share the host and run in file order; each states the host it leaves behind.
+failed gates that roll back (test_engine_faults_after_start.py has the hangs, deadlocks, crashes and the
+interrupted deploy, on a host of its own beside this one). The engine is the ENGINE TEST DOUBLE. The tests
+share the host and run in file order; each states the host it leaves behind.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.integration.engine_host import REPO, EngineHost, podman
+from tests.integration.engine_host import podman
 from tests.integration.lifecycle_helpers import (
     CONTAINER_MARKS,
     GPU_DOUBLE,
@@ -166,118 +160,6 @@ def test_garbage_output_rolls_back_naming_the_reply(host, runs):
                      r"expected \d+; got HTTP 200 .* content 'foss foss foss", flat), flat[-3000:]
     assert f"Rolled back: {before} is serving again" in flat
     assert host.state()["current"] == before and host.health() == 200
-
-
-def started_at(host: EngineHost, since: float, unit: str = "sglang.service") -> list[float]:
-    """Times (host clock, epoch seconds) at which systemd started `unit` since `since`."""
-    lines = host.sh(f"journalctl -u {unit} -o short-unix --no-pager --since @{since:.0f} | grep -E 'Started '")
-    return [float(line.split()[0]) for line in lines.splitlines()]
-
-
-def test_deadlock_on_generate_with_default_timeouts_rolls_back_within_stall_plus_smoke_timeout(host, runs):
-    """The reference host's failure: the engine loads, then no generation ever finishes. SGLang's /health
-    generates, so it answers 503 after the health-check timeout (20 s, the double's default as SGLang's),
-    exactly as while loading. No timeout is set here: the sandbox inventory's stall timeout and the verify
-    role's smoke timeout apply; the previous release must serve again within their sum + 10 %."""
-    sandbox = yaml.safe_load((REPO / "inventory/sandbox/group_vars/all/sandbox.yml").read_text())
-    verify_defaults = yaml.safe_load((REPO / "roles/verify/defaults/main.yml").read_text())
-    bound_s = 1.1 * (sandbox["sglang_stall_timeout_s"] + verify_defaults["verify_smoke_timeout_s"])
-    before = host.state()["current"]
-    since = float(host.sh("date +%s")) - 1
-    run = deploy(host, runs, "deploy_sglang.yml",
-                 sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "deadlock-on-generate"})
-    serving_again = float(host.sh("date +%s.%N"))
-    assert run.status == "failed"
-    assert host.health() == 200 and host.state()["current"] == before
-    flat = " ".join(run.stdout.split())
-    assert f"Rolled back: {before} is serving again" in flat
-    stall = re.search(r"stalled: sglang\.service wrote no journal line and was not ready for (\d+\.\d) s "
-                      r"\(stall timeout (\d+) s; last answer: ", flat)
-    assert stall, flat[-3000:]
-    assert int(stall.group(2)) == sandbox["sglang_stall_timeout_s"]
-    assert "Health check failed" in flat  # the journal tail: /health generated and answered 503 after 20 s
-    failed_start, rollback_start = started_at(host, since)[-2:]
-    assert rollback_start > failed_start
-    took = serving_again - failed_start
-    assert took <= bound_s, f"the previous release served again {took:.1f} s after the deadlocked one started"
-    print(f"deadlock-on-generate: previous release serves again {took:.1f} s after the failed start "
-          f"(stall fired after {stall.group(1)} s; bound {bound_s:.0f} s)")
-
-
-def test_hang_ends_at_the_readiness_timeout_with_the_journal_and_rolls_back(host, runs):
-    before = host.state()["current"]
-    run = deploy(
-        host,
-        runs,
-        "deploy_sglang.yml",
-        sglang_ready_timeout_s=4,
-        sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "hang"},
-    )
-    assert run.status == "failed"
-    flat = run.stdout.replace("\n", " ")
-    assert re.search(r"not ready after 4\.\d s \(timeout 4 s; last answer: ", flat), flat[-3000:]
-    assert "fault=hang" in flat  # the journal tail of the hung release
-    assert host.state()["current"] == before and host.health() == 200
-
-
-def test_failed_vllm_deploy_rolls_back_to_the_sglang_release(host, runs):
-    before = host.state()["current"]
-    run = deploy(host, runs, "deploy_vllm.yml", vllm_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
-    assert run.status == "failed"
-    assert host.unit("vllm.service")["UnitFileState"] == "disabled"
-    assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
-    assert host.state()["current"] == before
-
-
-def interrupted_deploy(host: EngineHost, playbook: str, extravars: dict, interrupt_when) -> None:
-    """Run a deploy and kill its controller (SIGKILL, as a lost terminal or CI runner) once interrupt_when()
-    holds. The controller starts a session of its own and the kill goes to that session's process group only,
-    so it reaches nothing this test did not start. (Not a private PID namespace: podman judges whether a
-    container's conmon lives by its host PID, which a PID namespace would hide.)"""
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(host.inventory),
-               str(REPO / playbook), "-e", json.dumps(extravars)]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    controller = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not interrupt_when():
-            assert controller.poll() is None, "the deploy ended before it could be interrupted"
-            assert time.monotonic() < deadline, "the deploy never reached the point to interrupt"
-            time.sleep(0.5)
-    finally:
-        if controller.poll() is None:
-            os.killpg(controller.pid, signal.SIGKILL)
-        controller.wait()
-
-
-def test_an_interrupted_deploy_claims_nothing_serves_and_its_rerun_finishes_it_and_prunes(host, runs):
-    before = host.state()
-    releases_before = host.sh("ls /var/lib/llm-serving/releases").split()
-    old_pid = main_pid(host)
-    # The double takes 25 s to answer /health: the controller is killed while it waits.
-    slow = {"sglang_extra_environment": {"ENGINE_DOUBLE_START_S": "25"}}
-
-    def started() -> bool:
-        state = json.loads(host.sh("cat /var/lib/llm-serving/state.json"))
-        return state.get("status") == "switching" and main_pid(host) not in ("0", old_pid)
-
-    interrupted_deploy(host, "playbooks/deploy_sglang.yml", slow, started)
-    state = host.state()
-    assert state["status"] == "switching", state
-    assert state["current"] != before["current"] and state["previous"] == before["current"]
-    started_pid = main_pid(host)
-
-    run = deploy(host, runs, "deploy_sglang.yml", engine_service_keep_releases=1, **slow)
-    assert run.status == "successful", run.stdout[-3000:]
-    assert main_pid(host) == started_pid, "the re-run finished the deploy without restarting the engine"
-    assert host.state() == {"current": state["current"], "previous": before["current"], "status": "serving"}
-    assert host.health() == 200
-    # keep_releases=1: current, previous and the newest other release stay; older ones are removed.
-    releases = host.sh("ls /var/lib/llm-serving/releases").split()
-    assert len(releases_before) + 1 > 3 and len(releases) == 3, (releases_before, releases)
-    assert state["current"] in releases and before["current"] in releases
-
 
 
 def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact_of_the_failed_deploys(host, runs):
