@@ -89,9 +89,12 @@ contracts_after_venvs() {  # the contract stage: waits for its venvs (in this sh
 # the default scenario, then the contract stage (its venvs built by then, or awaited), on the other core.
 molecule_and_contracts() {
   local rc=0 scenario
-  local -a scenarios=(${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}) pids=()
+  local -a scenarios=() pids=()
+  for scenario in ${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}; do  # molecule/shared holds playbooks, no scenario
+    [ ! -f "molecule/$scenario/molecule.yml" ] || scenarios+=("$scenario")
+  done
   for scenario in "${scenarios[@]}"; do
-    [ -f "molecule/$scenario/molecule.yml" ] && [ "$scenario" != default ] || continue
+    [ "$scenario" != default ] || continue
     stage "molecule test -s $scenario"
     molecule_scenario "$scenario" & pids+=($!)
   done
