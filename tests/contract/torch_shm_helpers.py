@@ -214,22 +214,14 @@ class Job:
         self.wait_heartbeats_advance()
         return self.ranks
 
-    def wait_heartbeats_advance(self, timeout: float = 30.0) -> None:
-        """Every rank completes collectives (its heartbeat moves)."""
-        start = [heartbeat(self.work, r) for r in range(self.cfg["world"])]
+    def wait_heartbeats_advance(self, ranks: list[int] | None = None, timeout: float = 30.0) -> None:
+        """Each rank of ``ranks`` (default: every rank) completes collectives: its heartbeat moves."""
+        ranks = list(range(self.cfg["world"])) if ranks is None else ranks
+        start = {r: heartbeat(self.work, r) for r in ranks}
         deadline = time.monotonic() + timeout
-        while any(heartbeat(self.work, r) == start[r] for r in range(self.cfg["world"])):
+        while any(heartbeat(self.work, r) == start[r] for r in ranks):
             if time.monotonic() > deadline:
                 raise AssertionError(f"collectives do not complete: heartbeats stuck at {start}\n{self.tail()}")
-            time.sleep(0.02)
-
-    def wait_heartbeat_moves(self, rank: int, timeout: float = 10.0) -> None:
-        """Rank ``rank`` is completing collectives right now (its heartbeat moves within ``timeout`` s)."""
-        before = heartbeat(self.work, rank)
-        deadline = time.monotonic() + timeout
-        while heartbeat(self.work, rank) == before:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"rank {rank} was not running collectives (heartbeat {before!r})\n{self.tail()}")
             time.sleep(0.01)
 
     def launcher_pid(self) -> int:

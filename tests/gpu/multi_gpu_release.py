@@ -276,7 +276,7 @@ class Rep:
 
     def kill_rank1(self, job: Job) -> dict[str, Any]:
         r0, r1 = job.ranks
-        job.wait_heartbeat_moves(1)  # raises when rank 1 is not completing collectives before the kill
+        job.wait_heartbeats_advance([1], timeout=10)  # raises when rank 1 is not completing collectives
         os.kill(r1["pid"], signal.SIGKILL)
         t_kill = time.monotonic()
         check(wait_gone([r1["pid"]], 60) == [], "rank 1 survived SIGKILL for 60 s")
