@@ -26,14 +26,16 @@ summary() {
   exit "$status"
 }
 
+verdict() { [ "$1" -eq 0 ] && echo ok || echo FAILED; }  # verdict RC
+
 # run_stage NAME COMMAND...: times the stage; on failure records it and stops everything.
 run_stage() {
   local name=$1 start rc=0; shift
   start=$(date +%s)
   stage "$name"
   "$@" || rc=$?
-  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name" "$(( $(date +%s) - start ))" "$([ $rc -eq 0 ] && echo ok || echo FAILED)")")
-  printf '### %s: %s in %ss\n' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$(( $(date +%s) - start ))"
+  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name" "$(( $(date +%s) - start ))" "$(verdict $rc)")")
+  printf '### %s: %s in %ss\n' "$name" "$(verdict $rc)" "$(( $(date +%s) - start ))"
   printf '%s\t%s\n' "$name" "$rc" >> "$RESULTS/stages.tsv"
   [ $rc -eq 0 ] || summary 1
 }
@@ -60,15 +62,17 @@ pytest_stage() {  # pytest_stage NAME ARGS...
   pytest -v -p no:cacheprovider --durations=12 --junitxml="$RESULTS/$name.xml" "$@"
 }
 
+lane_time() {  # lane_time NAME START RC: a line of the stage table's side-by-side part
+  printf '%-28s %5ss  %s\n' "$1" "$(( $(date +%s) - $2 ))" "$(verdict "$3")" >> "$RESULTS/lane-times"
+}
+
 molecule_scenario() {  # molecule_scenario NAME: one scenario on hosts of its own, each line prefixed with its name
   local scenario=$1 start status=0
   start=$(date +%s)
   BWS_JUNIT="$RESULTS/molecule-$scenario.xml" molecule test -s "$scenario" 2>&1 | sed -u "s/^/[$scenario] /" \
     || status=$?
-  printf '### molecule scenario %s: %s in %ss\n' "$scenario" "$([ $status -eq 0 ] && echo ok || echo FAILED)" \
-    "$(( $(date +%s) - start ))"
-  printf '%-28s %5ss  %s\n' "molecule $scenario" "$(( $(date +%s) - start ))" \
-    "$([ $status -eq 0 ] && echo ok || echo FAILED)" >> "$RESULTS/lane-times"
+  printf '### molecule scenario %s: %s in %ss\n' "$scenario" "$(verdict $status)" "$(( $(date +%s) - start ))"
+  lane_time "molecule $scenario" "$start" "$status"
   return "$status"
 }
 
@@ -78,8 +82,7 @@ contracts_after_venvs() {  # the contract stage: waits for its venvs (in this sh
     await_background contract-venvs || rc=$?
     start=$(date +%s)
     [ $rc -ne 0 ] || pytest_stage contracts "${PARALLEL[@]}" tests/contract || rc=$?
-    printf '%-28s %5ss  %s\n' "contracts" "$(( $(date +%s) - start ))" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" \
-      >> "$RESULTS/lane-times"
+    lane_time contracts "$start" "$rc"
   fi
   return "$rc"
 }
@@ -126,8 +129,8 @@ await_background() {  # await_background NAME: its log, its own duration, its st
   wait "${BACKGROUND[$name]}" || rc=$?
   sed "s/^/[$name] /" "$RESULTS/$name.log"
   took=$(cut -f3 "$RESULTS/$name.done" 2>/dev/null || echo "?")
-  printf '### %s (background): %s in %ss\n' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$took"
-  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name (background)" "$took" "$([ $rc -eq 0 ] && echo ok || echo FAILED)")")
+  printf '### %s (background): %s in %ss\n' "$name" "$(verdict $rc)" "$took"
+  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name (background)" "$took" "$(verdict $rc)")")
   return "$rc"
 }
 
