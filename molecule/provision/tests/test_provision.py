@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import ansible_runner
 import pytest
@@ -241,11 +242,18 @@ CMDLINES = {
 }
 
 
+class TaskResult(NamedTuple):
+    event: str  # runner_on_ok, runner_on_failed, runner_on_skipped, ...
+    role: str
+    task: str
+    res: dict
+
+
 def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
     """One role_probe.yml run for many cases: each case is an inventory alias of the test host with its own
     role and inputs (inventory variables, which the input check reads as it reads -e). Returns per case its
     host's recap counts and task results, from ansible-runner's events as the engine scenarios read them:
-    {"stats": {"ok": n, ...}, "results": [(event, role, task name, result), ...]}."""
+    {"stats": {"ok": n, "changed": n, "failures": n}, "results": [TaskResult, ...]}."""
     aliases = {f"case{index}": case for index, case in enumerate(cases)}
     hosts = {
         alias: {"ansible_host": HOSTS[0], "ansible_connection": "containers.podman.podman",
@@ -271,7 +279,7 @@ def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
         data = event.get("event_data", {})
         if event.get("event", "").startswith("runner_on_") and data.get("host") in aliases and "res" in data:
             per_case[aliases[data["host"]]]["results"].append(
-                (event["event"], data.get("role", ""), data.get("task", ""), data["res"])
+                TaskResult(event["event"], data.get("role", ""), data.get("task", ""), data["res"])
             )
     return per_case
 
@@ -346,15 +354,15 @@ def test_bad_input_fails_before_any_change(background_runs):
     cases = background_runs["cases"].result()
     for name, (role, _, message) in REFUSALS.items():
         stats, results = cases[name]["stats"], cases[name]["results"]
-        failed = [result for result in results if result[0] == "runner_on_failed"]
+        failed = [result for result in results if result.event == "runner_on_failed"]
         assert stats["failures"] == 1 and len(failed) == 1, f"{name}: not refused ({stats})"
         assert stats["changed"] == 0, name
-        _, by_role, task, result = failed[0]
-        assert message in strings_of(result), f"{name}: {task}: {strings_of(result)[-1500:]}"
-        assert failed[0] == results[-1], f"{name}: tasks ran after the refusal"
+        refusal = failed[0]
+        assert message in strings_of(refusal.res), f"{name}: {refusal.task}: {strings_of(refusal.res)[-1500:]}"
+        assert refusal == results[-1], f"{name}: tasks ran after the refusal"
         if name in INPUT_CHECK_REFUSALS:
-            assert by_role == "input_check", f"{name}: refused by {by_role}: {task!r}, not the input check"
-            assert role not in {r[1] for r in results}, f"{name}: a task of {role} ran"
+            assert refusal.role == "input_check", f"{name}: refused by {refusal.role}: {refusal.task!r}"
+            assert role not in {result.role for result in results}, f"{name}: a task of {role} ran"
 
 
 def test_preflight_warns_about_translated_iommu_with_the_fix(background_runs):
@@ -362,11 +370,10 @@ def test_preflight_warns_about_translated_iommu_with_the_fix(background_runs):
     translated, passthrough = cases["cmdline-translated"], cases["cmdline-passthrough"]
     for case in (translated, passthrough):
         assert case["stats"]["failures"] == 0 and case["stats"]["changed"] == 0, case["stats"]
-    said = {name: strings_of([result[3] for result in case["results"]]) for name, case in
-            (("translated", translated), ("passthrough", passthrough))}
-    assert "1 IOMMU/ACS finding(s)" in said["translated"]
-    assert "add iommu=pt to GRUB_CMDLINE_LINUX" in said["translated"]
-    assert "0 IOMMU/ACS finding(s)" in said["passthrough"]
+    said_translated = strings_of([result.res for result in translated["results"]])
+    assert "1 IOMMU/ACS finding(s)" in said_translated
+    assert "add iommu=pt to GRUB_CMDLINE_LINUX" in said_translated
+    assert "0 IOMMU/ACS finding(s)" in strings_of([result.res for result in passthrough["results"]])
 
 
 def test_branch_change_moves_cleanly_and_back(host, background_runs):
