@@ -2,24 +2,28 @@
 # Boots systemd test hosts from the test-host image (scripts/build-image.sh) with rootful podman, all at once, and
 # waits until systemd reports each one up. The one way the project boots a test host: the sandbox (sandbox.sh),
 # the Molecule scenarios (molecule/shared/create.yml) and the host scenarios (tests/integration/engine_host.py).
-#   bash scripts/boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] NAME...
+#   bash scripts/boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] [--volume SRC:DEST[:OPTIONS]]... NAME...
+# (--volume: podman's bind mount, e.g. the test-engine venvs read-only for the real front-end scenarios.)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 label=owner=bws-test
 image=$SANDBOX_IMAGE
+volumes=()
+usage="usage: boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] [--volume SRC:DEST[:OPTIONS]]... NAME..."
 while [ $# -gt 0 ]; do
   case $1 in
     --label) label=$2; shift 2 ;;
     --image) image=$2; shift 2 ;;
-    -*) die "unknown option $1 (usage: boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] NAME...)" ;;
+    --volume) [ -d "${2%%:*}" ] || die "--volume $2: no directory ${2%%:*}"; volumes+=(--volume "$2"); shift 2 ;;
+    -*) die "unknown option $1 ($usage)" ;;
     *) break ;;
   esac
 done
-[ $# -gt 0 ] || die "no host name given (usage: boot-test-host.sh [--label KEY=VALUE] [--image IMAGE] NAME...)"
+[ $# -gt 0 ] || die "no host name given ($usage)"
 
 for name in "$@"; do
   podman run -d --replace --name "$name" --hostname "$name" --systemd=always --cap-add=SYS_ADMIN \
-    --label "$label" "$image" /sbin/init >/dev/null
+    --label "$label" "${volumes[@]}" "$image" /sbin/init >/dev/null
 done
 # podman exec races the container's bus at first: poll, within a bound.
 for name in "$@"; do

@@ -23,6 +23,9 @@ import sglang_helpers
 import sglang_resolve
 import vllm_helpers
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripted_engine"))
+import engine_venv  # the test-engine venvs of the real front ends, layered on the pinned contract venvs
+
 Builder = tuple[str, Callable[[], tuple[Path | None, str]]]
 
 
@@ -33,10 +36,18 @@ def lanes() -> list[list[Builder]]:
             for version in (pinned, *others)]
     return [
         [("sglang (pinned)", sglang_helpers._build_venv),
-         ("sglang ServerArgs resolution packages", sglang_resolve._build)],
-        vllm[:1],
+         ("sglang ServerArgs resolution packages", sglang_resolve._build),
+         ("sglang test engine", lambda: build_test_engine("sglang"))],
+        [*vllm[:1], ("vllm test engine", lambda: build_test_engine("vllm"))],
         vllm[1:],  # the version's own venv; the script waits for the base venv the pinned lane builds
     ]
+
+
+def build_test_engine(engine: str) -> tuple[Path | None, str]:
+    try:
+        return engine_venv.build(engine), ""
+    except SystemExit as failed:
+        return None, str(failed)
 
 
 def build(name: str, builder: Callable[[], tuple[Path | None, str]]) -> bool:

@@ -468,7 +468,25 @@ class Handler(BaseHTTPRequestHandler):
             message = {"role": "assistant", "content": content or None, "reasoning": reasoning or None}
         choice = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
         return {"id": ident, "object": "chat.completion", "created": created,
-                "model": engine.served_name, "choices": [choice], "usage": reply.usage()}
+                "model": engine.served_name, "choices": [choice], "usage": self._chat_usage(reply, whole=True)}
+
+    def _chat_usage(self, reply: Reply, whole: bool) -> dict[str, object]:
+        """Chat usage. SGLang 0.5.23 srt/entrypoints/openai/usage_processor.py `calculate_token_usage`:
+        reasoning_tokens always, completion_tokens_details only when there were some, prompt_tokens_details None
+        (dumped whole, None fields included). vLLM 0.33.0 entrypoints/openai/chat_completion/serving.py: with a
+        reasoning parser completion_tokens_details counts them (`_include_reasoning_tokens_details`); a whole reply
+        also carries prompt_tokens_details, None unless --enable-prompt-tokens-details (the stream leaves None out)."""
+        usage: dict[str, object] = dict(reply.usage())
+        if self.engine.flavour == "sglang":
+            details = {"reasoning_tokens": reply.reasoning_words} if reply.reasoning_words else None
+            usage.update({"prompt_tokens_details": None, "reasoning_tokens": reply.reasoning_words,
+                          "completion_tokens_details": details})
+        else:
+            if self.engine.reasoning_parser:
+                usage["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_words}
+            if whole:
+                usage["prompt_tokens_details"] = None
+        return usage
 
     def _stream(self, reply: Reply, chat: bool, ident: str, created: int, include_usage: bool) -> None:
         """Server-sent events as the engines send them: `data: <json>` blocks, a usage chunk with empty choices
@@ -547,13 +565,11 @@ class Handler(BaseHTTPRequestHandler):
             yield {**head, "choices": [choice]}
 
     def _usage_chunk(self, reply: Reply, chat: bool, ident: str, created: int) -> dict[str, object]:
-        usage: dict[str, object] = dict(reply.usage())
-        if self.engine.flavour == "sglang":
-            # SGLang's UsageInfo dumped whole for chat (model_dump_json()), without the None fields for
-            # completions (model_dump_json(exclude_none=True)); vLLM excludes None fields in both.
+        # SGLang's UsageInfo is dumped whole for chat (model_dump_json()), without the None fields for completions
+        # (model_dump_json(exclude_none=True)); vLLM excludes None fields in both.
+        usage: dict[str, object] = self._chat_usage(reply, whole=False) if chat else dict(reply.usage())
+        if self.engine.flavour == "sglang" and not chat:
             usage["reasoning_tokens"] = reply.reasoning_words
-            if chat:
-                usage.update({"prompt_tokens_details": None, "completion_tokens_details": None})
         return {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.engine.served_name, "choices": [], "usage": usage}
 

@@ -1,0 +1,57 @@
+"""A systemd test host whose engine is the engine's REAL front end over the scripted backend.
+
+The controller's test-engine venv (tests/scripted_engine/engine_venv.py) and the contract venv it reads are
+mounted read-only into the host at /opt/bws-test-engine/; tests/sandbox/prepare_real_engine.yml then puts the
+engine at the paths a real install uses (/opt/<engine>/venv/bin/<engine>, .../bin/python), so the deploy, the
+unit, the journal, the config and key files, releases and rollback are the production ones, and the process the
+unit starts is SGLang's or vLLM's own server. Used by test_real_sglang_host.py and test_real_vllm_host.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.engine_host import REPO, EngineHost
+from tests.integration.lifecycle_helpers import inventory_vars
+
+sys.path.insert(0, str(REPO / "tests" / "scripted_engine"))
+import engine_venv
+
+MOUNT = "/opt/bws-test-engine"
+# The real front ends start in 10-60 s (SGLang: three processes, warm-up) and run on a loaded box beside the other
+# scenario hosts: the sandbox's 60 s readiness bound is raised, the stall bound stays the sandbox's.
+REAL_ENGINE_VARS = {"sglang_ready_timeout_s": 300, "vllm_ready_timeout_s": 300, "engine_service_ready_timeout_s": 300,
+                    "sglang_stall_timeout_s": 120, "vllm_stall_timeout_s": 120, "engine_service_stall_timeout_s": 120}
+
+
+def real_engine_venv(engine: str) -> Path:
+    try:
+        return engine_venv.build(engine)
+    except SystemExit as failed:
+        if os.environ.get("CI"):
+            pytest.fail(f"the {engine} test-engine venv cannot be built: {failed}")
+        pytest.skip(f"the {engine} test-engine venv cannot be built: {failed}")
+
+
+def booted_real_engine_host(engine: str, name: str, workdir: Path, **more_vars) -> Iterator[EngineHost]:
+    """A sandbox-image host whose /opt/<engine>/venv is the real front end (a module fixture's body)."""
+    venv = real_engine_venv(engine)
+    cache = venv.parents[1]
+    host = EngineHost(name, workdir, volumes=[f"{cache / 'test-engine'}:{MOUNT}/test-engine:ro",
+                                              f"{cache / 'contract'}:{MOUNT}/contract:ro"])
+    host.write_inventory(inventory_vars(host, **REAL_ENGINE_VARS, **more_vars))
+    host.boot()
+    try:
+        for playbook, extravars in (("tests/sandbox/prepare_host.yml", {}),
+                                    ("tests/sandbox/prepare_real_engine.yml",
+                                     {"real_engine": engine, "real_engine_venv_name": venv.name})):
+            prepared = host.run_playbook(playbook, extravars=extravars)
+            assert prepared.status == "successful", prepared.stdout[-3000:]
+        yield host
+    finally:
+        host.destroy()

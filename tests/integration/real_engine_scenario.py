@@ -1,0 +1,86 @@
+"""The steps of the real-front-end host scenario, shared by test_real_sglang_host.py and test_real_vllm_host.py
+(one file per engine, so that xdist runs the two hosts side by side). Each step states the host it leaves."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from tests.integration.engine_host import EngineHost
+from tests.integration.lifecycle_helpers import API_KEY, deploy, main_pid
+
+# Lines only the engines' own start-up writes (the light double writes none of them): SGLang 0.5.23
+# srt/entrypoints/http_server.py after its warm-up; vLLM 0.33.0 entrypoints/launchers/api_server/entry.py.
+OWN_START_LINES = {"sglang": "The server is fired up and ready to roll!",
+                   "vllm": "Starting vLLM server on"}
+
+
+def unit(engine: str) -> str:
+    return f"{engine}.service"
+
+
+def deploy_serves_from_the_real_front_end(host: EngineHost, runs: list, engine: str) -> None:
+    """Leaves: the engine's real front end serving release 1 under its unit."""
+    run = deploy(host, runs, f"deploy_{engine}.yml")
+    assert run.status == "successful", run.stdout[-4000:]
+    assert host.unit(unit(engine))["ActiveState"] == "active"
+    assert host.health() == 200
+    journal = host.sh(f"journalctl -u {unit(engine)} --no-pager -o cat")
+    assert OWN_START_LINES[engine] in journal, journal[-3000:]
+    assert "ENGINE TEST DOUBLE" not in run.stdout
+
+
+def verify_passes_with_the_real_parsers(host: EngineHost, runs: list, engine: str) -> None:
+    """verify.yml on what serves: the smoke's answer comes through the engine's real kimi_k2 reasoning parser.
+    Leaves: the host as it was."""
+    run = host.run_playbook("playbooks/verify.yml")
+    runs.append(run)
+    assert run.status == "successful", run.stdout[-4000:]
+    reports = sorted((host.workdir / "reports" / host.name).glob("*/report.json"))
+    report = json.loads(reports[-1].read_text())
+    assert report["engine_is_test_double"] is False, report["test_double"]
+    smoke = report["smoke"]
+    assert smoke["answer_field"] == "content" and str(smoke["expected"]) in smoke["preview"], smoke
+    assert smoke["unauthenticated"] == "refused with HTTP 401", smoke
+    assert report["gate"]["passed"] is True, report["gate"]
+    # Acceptance from the engine's own /metrics counters over the benchmark window (module_utils/bws_metrics.py).
+    acceptance = report["levels"][0]["acceptance"]
+    assert acceptance["problem"] is None and 0 < acceptance["rate"] < 1, acceptance
+
+
+def failed_gate_rolls_back(host: EngineHost, runs: list, engine: str) -> None:
+    """A release whose model answers garbage fails its gate; the release before it serves again, restarted.
+    Leaves: release 1 serving (a new process)."""
+    before, pid = host.state()["current"], main_pid(host, unit(engine))
+    run = deploy(host, runs, f"deploy_{engine}.yml",
+                 **{f"{engine}_extra_environment": {"SCRIPTED_ENGINE_FAULT": "garbage-output"}})
+    assert run.status == "failed", run.stdout[-4000:]
+    flat = " ".join(run.stdout.split())
+    assert "the smoke answer is wrong" in flat and "foss foss" in flat, flat[-3000:]
+    assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
+    assert host.state()["current"] == before and host.state()["status"] == "serving"
+    assert host.health() == 200
+    assert main_pid(host, unit(engine)) not in (pid, "0")
+
+
+def teardown_stops_the_engine(host: EngineHost, runs: list, engine: str) -> None:
+    """Leaves: nothing serving, no process of the front end left."""
+    run = host.run_playbook("playbooks/teardown.yml")
+    runs.append(run)
+    assert run.status == "successful", run.stdout[-4000:]
+    assert host.unit(unit(engine))["ActiveState"] in ("inactive", "failed")
+    # (the bracket keeps pgrep from matching the shell that runs it)
+    assert host.sh(f"pgrep -f '[{engine[0]}]{engine[1:]}_serve.py' || true") == ""
+    assert host.health() is None
+
+
+def secret_forms(secret: str) -> dict[str, str]:
+    """The ways a secret shows up in text: as it is, JSON-escaped, Python-repr-escaped (SGLang logs its
+    server_args with repr) and base64 (ansible's slurp)."""
+    return {"verbatim": secret, "json": json.dumps(secret)[1:-1], "repr": repr(secret)[1:-1],
+            "base64": base64.b64encode(secret.encode()).decode()}
+
+
+def api_key_forms_in_journal(host: EngineHost, engine: str) -> list[str]:
+    journal = host.sh(f"journalctl -u {unit(engine)} --no-pager -o cat")
+    return [form for form, text in secret_forms(API_KEY).items() if text in journal]

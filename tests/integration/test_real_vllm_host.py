@@ -1,0 +1,46 @@
+"""vLLM 0.33.0's REAL front end (tests/scripted_engine/) on a systemd test host: deploy -> verify -> a failed
+gate that rolls back -> teardown, with the production unit, config and key files (real_engine_host.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration import real_engine_scenario as scenario
+from tests.integration.lifecycle_helpers import CONTAINER_MARKS, assert_api_key_nowhere
+from tests.integration.real_engine_host import booted_real_engine_host
+
+pytestmark = CONTAINER_MARKS
+ENGINE = "vllm"
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    yield from booted_real_engine_host(ENGINE, "bws-it-real-vllm", tmp_path_factory.mktemp("real-vllm"),
+                                       engine_profile="sandbox-tiny-eagle3")
+
+
+@pytest.fixture(scope="module")
+def runs() -> list:
+    return []
+
+
+def test_deploy_serves_from_the_real_front_end(host, runs):
+    scenario.deploy_serves_from_the_real_front_end(host, runs, ENGINE)
+
+
+def test_verify_passes_with_the_real_parsers(host, runs):
+    scenario.verify_passes_with_the_real_parsers(host, runs, ENGINE)
+
+
+def test_failed_gate_rolls_back(host, runs):
+    scenario.failed_gate_rolls_back(host, runs, ENGINE)
+
+
+def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs):
+    """vLLM reads the key from the release's environment file (VLLM_API_KEY), never from argv."""
+    assert scenario.api_key_forms_in_journal(host, ENGINE) == []
+    assert_api_key_nowhere(host, runs)
+
+
+def test_teardown_stops_the_engine(host, runs):
+    scenario.teardown_stops_the_engine(host, runs, ENGINE)

@@ -1,0 +1,161 @@
+"""A real engine front end (SGLang 0.5.23's or vLLM 0.33.0's own server) over the scripted backend, as a process.
+
+The interface is the light double's (tests/integration/verify_helpers.py EngineDouble: name, flavour, port,
+base_url, served_name, speculative, num_steps, log, stop), so the verify tests run against either. The process
+runs from the engine's test-engine venv (engine_venv.py) inside its own PID namespace (`unshare --pid --fork
+--mount-proc --kill-child`): stopping it can reach only what it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+ENTRY = {"sglang": HERE / "sglang_serve.py", "vllm": HERE / "vllm_serve.py"}
+MAKE_MODEL = REPO_ROOT / "tests" / "sandbox" / "make_tiny_model.py"
+# SGLang's start (scheduler + detokenizer processes, warm-up) took about 21 s on 2 quiet cores, vLLM's about 10 s.
+START_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_models(root: Path) -> tuple[Path, Path]:
+    """The tiny model and drafter directories (2-layer llama configs, Kimi-style tokenizer), once per root."""
+    model, drafter = root / "tiny-model", root / "tiny-drafter"
+    if not (drafter / "tokenizer.json").is_file():
+        subprocess.run([sys.executable, str(MAKE_MODEL), str(model), "--drafter", str(drafter)], check=True)
+    return model, drafter
+
+
+class RealFrontEnd:
+    """One engine process: SGLang with a YAML config (`serve --config`), vLLM with `serve MODEL` argv."""
+
+    def __init__(self, python: Path, workdir: Path, name: str, flavour: str, *, speculative: bool = False,
+                 api_key: str | None = None, env: dict[str, str] | None = None, num_steps: int = 3,
+                 options: dict[str, object] | None = None) -> None:
+        self.name, self.flavour, self.port = name, flavour, free_port()
+        self.speculative, self.num_steps = speculative, num_steps
+        self.served_name = f"{name}-model"
+        self.api_key = api_key
+        self.log = workdir / f"{name}.log"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        model, drafter = make_models(workdir / "models")
+        self.model_path = model
+        args = (self._sglang_args(workdir, model, drafter, options) if flavour == "sglang"
+                else self._vllm_args(model, drafter, options))
+        self.routes_file = workdir / f"{name}.routes.json"
+        # The entry point writes the real app's route table there once the app is built (path, methods).
+        full_env = {**os.environ, "SCRIPTED_ENGINE_ROUTES_FILE": str(self.routes_file), **(env or {})}
+        if flavour == "vllm" and api_key:
+            full_env["VLLM_API_KEY"] = api_key  # as the deploy gives it: an EnvironmentFile, not argv
+        full_env.pop("PYTHONPATH", None)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
+                 str(python), str(ENTRY[flavour]), *args],
+                stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+
+    def _sglang_args(self, workdir: Path, model: Path, drafter: Path, options: dict | None) -> list[str]:
+        config: dict[str, object] = {
+            "model-path": str(model), "served-model-name": self.served_name, "host": "127.0.0.1",
+            "port": self.port, "tp-size": 1, "context-length": 8192, "attention-backend": "triton",
+            "disable-custom-all-reduce": True, "enable-metrics": True, "reasoning-parser": "kimi_k2",
+            "tool-call-parser": "kimi_k2"}
+        if self.speculative:
+            config.update({"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": str(drafter),
+                           "speculative-num-steps": self.num_steps, "speculative-eagle-topk": 1,
+                           "speculative-num-draft-tokens": self.num_steps + 1})
+        if self.api_key:
+            config["api-key"] = self.api_key
+        config.update(options or {})
+        path = workdir / f"{self.name}.yaml"
+        path.write_text("".join(f"{key}: {json.dumps(value)}\n" for key, value in config.items()), encoding="utf-8")
+        return ["serve", "--config", str(path)]
+
+    def _vllm_args(self, model: Path, drafter: Path, options: dict | None) -> list[str]:
+        args = ["serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name",
+                self.served_name, "--max-model-len", "8192", "--tool-call-parser", "kimi_k2",
+                "--enable-auto-tool-choice", "--reasoning-parser", "kimi_k2"]
+        if self.speculative:
+            args += ["--speculative-config", json.dumps(
+                {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": self.num_steps})]
+        for flag, value in (options or {}).items():
+            args += [f"--{flag}"] + ([] if value is True else [str(value)])
+        return args
+
+    # --- life cycle ---------------------------------------------------------------------------------------------
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> float:
+        """Seconds until /health answered 200; raises with the log's tail when it did not within the bound."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.flavour} front end exited {self.process.returncode} before ready:\n"
+                                   f"{self.log_tail()}")
+            try:
+                if self.request("/health", timeout=5, key=None)[0] == 200:
+                    return time.monotonic() - start
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.flavour} front end not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def wait_listening(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        self.wait_ready(timeout_s)
+
+    def log_text(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def send_signal(self, signum: int) -> None:
+        """Signal the engine's main process (the namespace's PID 1 child), as systemd's KillMode=mixed does."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        for pid in children.read_text().split() if children.exists() else []:
+            os.kill(int(pid), signum)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)  # unshare --kill-child takes the namespace with it
+        self.process.wait(timeout=30)
+
+    # --- requests -----------------------------------------------------------------------------------------------
+    def request(self, path: str, body: dict | None = None, *, key: str | None = "default", timeout: float = 60,
+                method: str | None = None) -> tuple[int, bytes]:
+        key = self.api_key if key == "default" else key
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def chat(self, question: str, *, thinking: bool, max_tokens: int = 128, key: str | None = "default",
+             temperature: float = 0.0) -> tuple[int, dict]:
+        status, body = self.request("/v1/chat/completions", {
+            "model": self.served_name, "messages": [{"role": "user", "content": question}],
+            "temperature": temperature, "max_tokens": max_tokens,
+            "chat_template_kwargs": {"thinking": thinking}}, key=key)
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, {"raw": body.decode(errors="replace")}

@@ -1,0 +1,172 @@
+"""SCRIPTED MODEL: what the scripted backend under the real SGLang / vLLM front ends "generates".
+
+This is the only part of the test engine that is not the engines' own code: the GPU work. The front ends
+(HTTP servers, tokenizer and detokenizer, reasoning parsers, metrics) are SGLang's and vLLM's; below them
+`sglang_scheduler.py` and `vllm_backend.py` ask this script which tokens to emit and how long each step takes.
+
+The "model" answers an arithmetic question ("What is 123 + 456?") with the number, thinking first when the
+chat template left the generation prompt open on `<think>` (Kimi-K2.5's template closes it with
+`<think></think>` when the request says `thinking: false`), and otherwise emits `ok` until max_new_tokens:
+the benchmark's ignore-eos workload. Stdlib only.
+
+Faults (SCRIPTED_ENGINE_FAULT), as the light double has them (tests/doubles/engine_double.py):
+    none                  serve normally
+    crash-at-start        the backend exits 1 before it reports ready (the front end's own reaction follows)
+    never-ready           the backend never reports ready (a load that never ends)
+    startup-hang          never ready, and says what a vLLM worker waiting on a stuck peer says every
+                          SCRIPTED_ENGINE_WARN_S seconds (see STARTUP_HANG_WARNING)
+    deadlock-on-generate  ready, then every generation blocks for ever (a kernel or collective deadlock)
+    garbage-output        every token is "foss" until max_new_tokens (sglang issue 23264's broken MoE path)
+    slow-first-request    the first generation waits SCRIPTED_ENGINE_FIRST_REQUEST_S first
+Speed: SCRIPTED_ENGINE_TOKENS_PER_S (decode steps per second of one sequence, default 400); with speculation
+each step yields 1 + the accepted draft tokens (SCRIPTED_ENGINE_ACCEPT_RATE per position, default 0.6) and
+costs SCRIPTED_ENGINE_SPEC_COST plain steps (default 1.3). SCRIPTED_ENGINE_START_S: load time (default 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+FAULTS = ("none", "crash-at-start", "never-ready", "startup-hang", "deadlock-on-generate", "garbage-output",
+          "slow-first-request")
+ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# vLLM 0.33.0 vllm/distributed/device_communicators/shm_broadcast.py (MessageQueue.acquire_read/acquire_write):
+# logged every VLLM_RINGBUFFER_WARNING_INTERVAL (60 s) while a worker waits on a peer that never answers.
+STARTUP_HANG_WARNING = ("No available shared memory broadcast block found in {interval} seconds. This typically "
+                        "happens when some processes are hanging or doing some time-consuming work (e.g. "
+                        "compilation, weight/kv cache quantization).")
+
+
+def _env_float(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"scripted engine: {name}={raw!r} is not a number") from None
+
+
+@dataclass
+class Reply:
+    """One generation as text: the backend encodes it with the served model's tokenizer and emits its tokens.
+
+    `endless` replies never reach EOS (the ignore-eos workload, garbage): they run to max_new_tokens.
+    """
+
+    text: str
+    endless: bool = False
+
+
+@dataclass
+class Script:
+    fault: str = "none"
+    start_s: float = 0.0
+    first_request_s: float = 10.0
+    warn_s: float = 60.0
+    tokens_per_s: float = 400.0
+    accept_rate: float = 0.6
+    spec_cost: float = 1.3
+    speculative_steps: int = 0
+    seed: int = 0
+    _generations: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            known = ", ".join(FAULTS)
+            raise SystemExit(f"scripted engine: unknown SCRIPTED_ENGINE_FAULT {self.fault!r} (known: {known})")
+        self.rng = random.Random(self.seed)
+
+    @classmethod
+    def from_env(cls, speculative_steps: int = 0, env: dict[str, str] | None = None) -> Script:
+        env = dict(os.environ if env is None else env)
+        return cls(fault=env.get("SCRIPTED_ENGINE_FAULT", "none") or "none",
+                   start_s=_env_float(env, "SCRIPTED_ENGINE_START_S", 0.0),
+                   first_request_s=_env_float(env, "SCRIPTED_ENGINE_FIRST_REQUEST_S", 10.0),
+                   warn_s=_env_float(env, "SCRIPTED_ENGINE_WARN_S", 60.0),
+                   tokens_per_s=_env_float(env, "SCRIPTED_ENGINE_TOKENS_PER_S", 400.0),
+                   accept_rate=_env_float(env, "SCRIPTED_ENGINE_ACCEPT_RATE", 0.6),
+                   spec_cost=_env_float(env, "SCRIPTED_ENGINE_SPEC_COST", 1.3),
+                   speculative_steps=speculative_steps)
+
+    # --- start-up -------------------------------------------------------------------------------------------
+    def on_start(self, log=None) -> None:
+        """Called by the backend before it reports ready: loads, crashes or never returns, as the fault says."""
+        log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        if self.fault == "crash-at-start":
+            log("scripted engine: crash-at-start: exiting before ready, as a failed weight load does")
+            raise SystemExit(1)
+        if self.fault == "never-ready":
+            threading.Event().wait()
+        if self.fault == "startup-hang":
+            interval = int(self.warn_s) if self.warn_s == int(self.warn_s) else self.warn_s
+            while True:
+                time.sleep(self.warn_s)
+                log(STARTUP_HANG_WARNING.format(interval=interval))
+        if self.start_s > 0:
+            time.sleep(self.start_s)
+
+    # --- generation -------------------------------------------------------------------------------------------
+    def before_generate(self) -> None:
+        """Called before each generation: blocks for ever when deadlocked, long the first time when slow."""
+        with self._lock:
+            self._generations += 1
+            first = self._generations == 1
+        if self.fault == "deadlock-on-generate":
+            threading.Event().wait()
+        if first and self.fault == "slow-first-request":
+            time.sleep(self.first_request_s)
+
+    def reply(self, prompt_text: str, max_new_tokens: int) -> Reply:
+        """The text answering the prompt (as rendered by the chat template, or a raw completion prompt)."""
+        if self.fault == "garbage-output":
+            return Reply(" ".join(["foss"] * max_new_tokens), endless=True)
+        # The question is the last arithmetic in the prompt (a system prompt or earlier turns may hold others).
+        matches = list(ARITHMETIC.finditer(prompt_text))
+        if not matches:
+            return Reply(" ".join(["ok"] * max_new_tokens), endless=True)
+        left, op, right = int(matches[-1].group(1)), matches[-1].group(2), int(matches[-1].group(3))
+        value = {"+": left + right, "-": left - right, "*": left * right}[op]
+        answer = f"The answer is {value}."
+        if prompt_text.rstrip().endswith(THINK_OPEN):  # the template left the model thinking
+            return Reply(f"The user asks for {left} {op} {right}. It is {value}.{THINK_CLOSE}{answer}")
+        return Reply(answer)
+
+    def step(self) -> tuple[int, int, float]:
+        """One decode step of one sequence: (tokens it yields, draft tokens accepted, seconds it costs)."""
+        if not self.speculative_steps:
+            return 1, 0, 1.0 / self.tokens_per_s
+        accepted = 0
+        with self._lock:
+            while accepted < self.speculative_steps and self.rng.random() < self.accept_rate:
+                accepted += 1
+        return 1 + accepted, accepted, self.spec_cost / self.tokens_per_s
+
+
+
+# --- the route table ---------------------------------------------------------------------------------------------
+def route_rows(app) -> list[dict]:
+    """The built app's route table, without calling anything: path, methods, route kind, endpoint function."""
+    rows = []
+    for route in app.routes:
+        endpoint = getattr(route, "endpoint", None)
+        rows.append({"path": getattr(route, "path", None), "methods": sorted(getattr(route, "methods", None) or []),
+                     "kind": type(route).__name__,
+                     "endpoint": f"{endpoint.__module__}.{endpoint.__qualname__}" if endpoint else None})
+    return rows
+
+
+def write_route_table(app, path: str | None = None) -> None:
+    """Write the app's route table to SCRIPTED_ENGINE_ROUTES_FILE (tests/scripted_engine/front_end.py sets it), if set:
+    the tests read which routes exist from the engine's own app, not from a list written here."""
+    path = path or os.environ.get("SCRIPTED_ENGINE_ROUTES_FILE")
+    if path:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(route_rows(app), handle, indent=1)
