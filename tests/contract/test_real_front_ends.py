@@ -350,3 +350,98 @@ def test_every_metric_the_gates_read_from_the_double_is_a_real_metric(engine: Re
     real_names = {name.split("{")[0] for name in _observe_metric_names(engine)}
     assert read <= double_names, sorted(read - double_names)
     assert read <= real_names, sorted(read - real_names)
+
+
+# --- faults driven by the scripted backend: the reactions above it are the engines' own ----------------------------
+HEALTH_CHECK_TIMEOUT_S = 3  # SGLANG_HEALTH_CHECK_TIMEOUT (20 s by default) for both the engine and the double
+DEADLOCK = {"SCRIPTED_ENGINE_FAULT": "deadlock-on-generate", "SGLANG_HEALTH_CHECK_TIMEOUT": str(HEALTH_CHECK_TIMEOUT_S)}
+
+
+def _wait_for_log(front_end: RealFrontEnd, text: str, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in front_end.log_text():
+        if front_end.process.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no {text!r} in the {front_end.flavour} log:\n{front_end.log_tail()}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def sglang_deadlocked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFrontEnd]:
+    """SGLang whose scheduler deadlocks on every generation after its warm-up's: it reports ready, then hangs."""
+    front_end = RealFrontEnd(engine_python("sglang"), tmp_path_factory.mktemp("sglang-deadlock"), "deadlocked",
+                             "sglang", api_key=API_KEY, env={**DEADLOCK, "SCRIPTED_ENGINE_DEADLOCK_AFTER": "1"})
+    try:
+        _wait_for_log(front_end, "The server is fired up and ready to roll!")  # the warm-up request passed
+        yield front_end
+    finally:
+        front_end.stop()
+
+
+def _health_after_a_stuck_generation(base_url: str) -> tuple[int, float]:
+    import urllib.error
+    import urllib.request
+
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(base_url + "/health", timeout=HEALTH_CHECK_TIMEOUT_S + 30) as response:
+            status = response.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    return status, time.monotonic() - start
+
+
+def test_sglang_deadlocked_after_ready_answers_health_503_after_its_health_check_timeout(sglang_deadlocked) -> None:
+    status, took = _health_after_a_stuck_generation(sglang_deadlocked.base_url)
+    assert status == 503 and HEALTH_CHECK_TIMEOUT_S <= took < HEALTH_CHECK_TIMEOUT_S + 10, (status, took)
+
+
+def test_sglang_deadlocked_blocks_server_info(sglang_deadlocked) -> None:
+    """/server_info waits on the scheduler (srt/entrypoints/http_server.py get_server_info): a request before the
+    smoke that asks for it waits its whole timeout on a stuck engine (issue 27)."""
+    import socket
+
+    _health_after_a_stuck_generation(sglang_deadlocked.base_url)  # the scheduler is stuck in a generation now
+    with pytest.raises((TimeoutError, socket.timeout)):
+        sglang_deadlocked.request("/server_info", timeout=5)
+
+
+def test_the_deadlocked_double_reacts_as_the_deadlocked_sglang(sglang_deadlocked, tmp_path) -> None:
+    """Parity: 503 from /health after the health-check timeout, and /server_info blocking, in the double too."""
+    import socket
+
+    double = EngineDouble(tmp_path, "double-deadlock", "sglang", api_key=API_KEY, env={
+        "ENGINE_DOUBLE_FAULT": "deadlock-on-generate", "SGLANG_HEALTH_CHECK_TIMEOUT": str(HEALTH_CHECK_TIMEOUT_S)})
+    try:
+        double.wait_listening()
+        time.sleep(0.5)  # ENGINE_DOUBLE_START_S: loaded
+        real_status, _ = _health_after_a_stuck_generation(sglang_deadlocked.base_url)
+        double_status, took = _health_after_a_stuck_generation(double.base_url)
+        assert double_status == real_status == 503 and took < HEALTH_CHECK_TIMEOUT_S + 10
+        with pytest.raises((TimeoutError, socket.timeout)):
+            double.get_json("/server_info", API_KEY)
+    finally:
+        double.stop()
+
+
+def test_vllm_engine_core_crashing_at_start_ends_the_server_with_its_own_error(tmp_path) -> None:
+    front_end = RealFrontEnd(engine_python("vllm"), tmp_path, "crashing", "vllm",
+                             env={"SCRIPTED_ENGINE_FAULT": "crash-at-start"})
+    try:
+        assert front_end.process.wait(timeout=240) != 0
+        # vllm/v1/engine/utils.py wait_for_engine_startup, raised by the real front end
+        assert "Engine core initialization failed" in front_end.log_text(), front_end.log_tail()
+    finally:
+        front_end.stop()
+
+
+def test_vllm_worker_hang_at_start_logs_the_shared_memory_warning_and_never_serves(tmp_path) -> None:
+    """What vLLM logs while a worker hangs at start (imitated below the scripted layer, quoting
+    distributed/device_communicators/shm_broadcast.py): readiness must not take it for progress (issue 27)."""
+    front_end = RealFrontEnd(engine_python("vllm"), tmp_path, "hanging", "vllm",
+                             env={"SCRIPTED_ENGINE_FAULT": "startup-hang", "SCRIPTED_ENGINE_WARN_S": "1"})
+    try:
+        _wait_for_log(front_end, "No available shared memory broadcast block found in 1 seconds")
+        with pytest.raises(OSError):
+            front_end.request("/health", key=None, timeout=5)  # not listening: the API server waits on the core
+    finally:
+        front_end.stop()

@@ -417,6 +417,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _server_info(self) -> dict[str, object]:
         engine = self.engine
+        if engine.fault == "deadlock-on-generate" and engine.generations_started:
+            # SGLang 0.5.23 srt/entrypoints/http_server.py get_server_info awaits the scheduler's answer to a
+            # GetInternalStateReq (tokenizer_manager.get_internal_state); a scheduler stuck in a generation never
+            # reads it, so the request hangs until the client gives up.
+            threading.Event().wait()
         state: dict[str, object] = {"last_gen_throughput": engine.tokens_per_s, "world_size": 1,
                                     "memory_usage": {"weight": 0.0, "kvcache": 0.0}}
         if engine.spec_steps:

@@ -15,7 +15,9 @@ Faults (SCRIPTED_ENGINE_FAULT), as the light double has them (tests/doubles/engi
     never-ready           the backend never reports ready (a load that never ends)
     startup-hang          never ready, and says what a vLLM worker waiting on a stuck peer says every
                           SCRIPTED_ENGINE_WARN_S seconds (see STARTUP_HANG_WARNING)
-    deadlock-on-generate  ready, then every generation blocks for ever (a kernel or collective deadlock)
+    deadlock-on-generate  every generation after the first SCRIPTED_ENGINE_DEADLOCK_AFTER (default 0) blocks for
+                          ever, and with it the scheduler (a kernel or collective deadlock); 1 lets SGLang's
+                          warm-up request through, so the engine reports ready and then hangs
     garbage-output        every token is "foss" until max_new_tokens (sglang issue 23264's broken MoE path)
     slow-first-request    the first generation waits SCRIPTED_ENGINE_FIRST_REQUEST_S first
 Speed: SCRIPTED_ENGINE_TOKENS_PER_S (decode steps per second of one sequence, default 400); with speculation
@@ -69,6 +71,7 @@ class Script:
     fault: str = "none"
     start_s: float = 0.0
     first_request_s: float = 10.0
+    deadlock_after: int = 0
     warn_s: float = 60.0
     tokens_per_s: float = 400.0
     accept_rate: float = 0.6
@@ -90,6 +93,7 @@ class Script:
         return cls(fault=env.get("SCRIPTED_ENGINE_FAULT", "none") or "none",
                    start_s=_env_float(env, "SCRIPTED_ENGINE_START_S", 0.0),
                    first_request_s=_env_float(env, "SCRIPTED_ENGINE_FIRST_REQUEST_S", 10.0),
+                   deadlock_after=int(_env_float(env, "SCRIPTED_ENGINE_DEADLOCK_AFTER", 0)),
                    warn_s=_env_float(env, "SCRIPTED_ENGINE_WARN_S", 60.0),
                    tokens_per_s=_env_float(env, "SCRIPTED_ENGINE_TOKENS_PER_S", 400.0),
                    accept_rate=_env_float(env, "SCRIPTED_ENGINE_ACCEPT_RATE", 0.6),
@@ -118,8 +122,9 @@ class Script:
         """Called before each generation: blocks for ever when deadlocked, long the first time when slow."""
         with self._lock:
             self._generations += 1
-            first = self._generations == 1
-        if self.fault == "deadlock-on-generate":
+            count = self._generations
+        first = count == 1
+        if self.fault == "deadlock-on-generate" and count > self.deadlock_after:
             threading.Event().wait()
         if first and self.fault == "slow-first-request":
             time.sleep(self.first_request_s)

@@ -82,3 +82,14 @@ def test_tiny_model_has_a_kimi_style_tokenizer_and_llama_configs(tmp_path):
 def test_tiny_model_refuses_unknown_options(tmp_path, capsys):
     assert make_tiny_model.main(["--drafer", str(tmp_path)]) == 2
     assert "unknown option --drafer" in capsys.readouterr().err
+
+
+def test_deadlock_lets_the_first_generations_through_then_blocks():
+    import threading
+
+    script_ = script.Script(fault="deadlock-on-generate", deadlock_after=1)
+    script_.before_generate()  # the warm-up passes
+    blocked = threading.Thread(target=script_.before_generate, daemon=True)
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()
