@@ -12,6 +12,8 @@ today, and the day the leak is fixed they pass, which strict xfail turns into a 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -445,3 +447,80 @@ def test_vllm_worker_hang_at_start_logs_the_shared_memory_warning_and_never_serv
             front_end.request("/health", key=None, timeout=5)  # not listening: the API server waits on the core
     finally:
         front_end.stop()
+
+
+# --- SGLang's drain on SIGTERM and its abort: what engine_drain (library/engine_drain.py) relies on -------------------
+def _observe_drain_and_abort(base_url: str, process, served_name: str) -> dict:
+    """A long stream in flight, SIGTERM to the main process, /health, then POST /abort_request abort_all."""
+    import threading
+    import urllib.request
+
+    from front_end import signal_main_process
+
+    lines: list[bytes] = []
+    failures: list[BaseException] = []
+    first_chunk = threading.Event()
+
+    def stream() -> None:
+        # About 7 s of output at the scripted speed (within the 8192-token context): time to signal and abort.
+        request = urllib.request.Request(base_url + "/v1/completions", data=json.dumps({
+            "model": served_name, "prompt": "Hello", "max_tokens": 6000, "ignore_eos": True, "stream": True,
+            "temperature": 0}).encode(), headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {API_KEY}"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                for line in response:
+                    lines.append(line)
+                    first_chunk.set()
+        except BaseException as failed:  # reported by the assertion below
+            failures.append(failed)
+            first_chunk.set()
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert first_chunk.wait(60) and not failures, f"the stream never started: {failures}"
+    signal_main_process(process, signal.SIGTERM)
+    time.sleep(1)
+    health = _get_status(base_url + "/health")
+    still_streaming = reader.is_alive()
+    abort = _post(base_url, "/abort_request", {"abort_all": True}, API_KEY)[0]
+    reader.join(30)
+    chunks = [json.loads(line[len(b"data: "):]) for line in lines
+              if line.startswith(b"data: ") and line.strip() != b"data: [DONE]"]
+    finish = [choice.get("finish_reason") for chunk in chunks for choice in chunk.get("choices", [])
+              if choice.get("finish_reason")]
+    try:
+        exit_code = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:  # a process that does not end is the observation
+        exit_code = None
+    return {"in flight after SIGTERM": still_streaming, "health while draining": health, "abort": abort,
+            "stream ended by": finish[-1:] if finish else [], "exited after the abort": exit_code is not None}
+
+
+def _get_status(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_sglang_drains_on_sigterm_and_its_abort_ends_the_drain_as_the_double_does(sglang, tmp_path) -> None:
+    """Last in this file: it ends the module's SGLang. SGLang 0.5.23 keeps serving what is in flight after SIGTERM
+    (tokenizer_manager.py sigterm_watchdog), answers /health 503 while draining, and POST /abort_request ends the
+    requests with finish_reason abort, after which the drain ends and the process exits."""
+    real = _observe_drain_and_abort(sglang.base_url, sglang.process, sglang.served_name)
+    double = EngineDouble(tmp_path, "double-drain", "sglang", api_key=API_KEY,
+                          env={"ENGINE_DOUBLE_TOKENS_PER_S": "400"})
+    try:
+        double.wait_listening()
+        time.sleep(0.5)
+        mirrored = _observe_drain_and_abort(double.base_url, double.process, double.served_name)
+    finally:
+        double.stop()
+    assert real == {"in flight after SIGTERM": True, "health while draining": 503, "abort": 200,
+                    "stream ended by": ["abort"], "exited after the abort": True}, real
+    assert mirrored == real

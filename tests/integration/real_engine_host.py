@@ -4,7 +4,8 @@ The controller's test-engine venv (tests/scripted_engine/engine_venv.py) and the
 mounted read-only into the host at /opt/bws-test-engine/; tests/sandbox/prepare_real_engine.yml then puts the
 engine at the paths a real install uses (/opt/<engine>/venv/bin/<engine>, .../bin/python), so the deploy, the
 unit, the journal, the config and key files, releases and rollback are the production ones, and the process the
-unit starts is SGLang's or vLLM's own server. Used by test_real_sglang_host.py and test_real_vllm_host.py.
+unit starts is SGLang's or vLLM's own server, and verify's benchmark client is the engine's own. Used by
+test_real_sglang_host.py and test_real_vllm_host.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from tests.integration.lifecycle_helpers import inventory_vars
 
 sys.path.insert(0, str(REPO / "tests" / "scripted_engine"))
 import engine_venv
+
+sys.path.insert(0, str(REPO / "tests"))
+from engine_locks import load_lock
 
 MOUNT = "/opt/bws-test-engine"
 # The real front ends start in 10-60 s (SGLang: three processes, warm-up) and run on a loaded box beside the other
@@ -44,7 +48,10 @@ def booted_real_engine_host(engine: str, name: str, workdir: Path, **more_vars) 
     cache = venv.parents[1]
     host = EngineHost(name, workdir, volumes=[f"{cache / 'test-engine'}:{MOUNT}/test-engine:ro",
                                               f"{cache / 'contract'}:{MOUNT}/contract:ro"])
-    host.write_inventory(inventory_vars(host, **REAL_ENGINE_VARS, **more_vars))
+    # verify runs the engine's REAL benchmark client from the release's venv (the lock's bench module), not the
+    # sandbox's bench-client double.
+    bench = {"verify_bench_command": [f"/opt/{engine}/venv/bin/python", "-m", load_lock(engine)["bench"]["module"]]}
+    host.write_inventory(inventory_vars(host, **REAL_ENGINE_VARS, **bench, **more_vars))
     host.boot()
     try:
         for playbook, extravars in (("tests/sandbox/prepare_host.yml", {}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 from tests.integration.engine_host import EngineHost
 from tests.integration.lifecycle_helpers import API_KEY, deploy, main_pid
@@ -79,6 +80,19 @@ def secret_forms(secret: str) -> dict[str, str]:
     server_args with repr) and base64 (ansible's slurp)."""
     return {"verbatim": secret, "json": json.dumps(secret)[1:-1], "repr": repr(secret)[1:-1],
             "base64": base64.b64encode(secret.encode()).decode()}
+
+
+def api_key_forms_the_controller_keeps(host: EngineHost, runs: list) -> list[str]:
+    """Where the controller keeps the key after the scenario's runs: verify's report folders (report, inputs,
+    bench results) and ansible-runner's artifacts (play output, events, environment), in any of its forms."""
+    kept = [path for path in (host.workdir / "reports").rglob("*") if path.is_file()]
+    kept += [path for run in runs for path in Path(run.artifact_dir).rglob("*") if path.is_file()]
+    hits = []
+    for path in kept:
+        text = path.read_text(errors="replace")
+        hits += [f"{path.relative_to(host.workdir)} ({form})" for form, secret in secret_forms(API_KEY).items()
+                 if secret in text]
+    return hits
 
 
 def api_key_forms_in_journal(host: EngineHost, engine: str) -> list[str]:

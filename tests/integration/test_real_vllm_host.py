@@ -42,5 +42,9 @@ def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs)
     assert_api_key_nowhere(host, runs)
 
 
+def test_the_controller_keeps_no_api_key(host, runs):
+    assert scenario.api_key_forms_the_controller_keeps(host, runs) == []
+
+
 def test_teardown_stops_the_engine(host, runs):
     scenario.teardown_stops_the_engine(host, runs, ENGINE)

@@ -38,7 +38,9 @@ REPO_ROOT = HERE.parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 from engine_locks import load_lock  # noqa: E402
 
-STUBS = HERE / "stubs"
+# Where the lock's test_engine stubs are looked up, in order: the test engine's own, then the benchmark clients'
+# (`datasets`, which SGLang's client imports at module level: tests/contract/bench_stubs).
+STUB_ROOTS = (HERE / "stubs", REPO_ROOT / "tests" / "contract" / "bench_stubs")
 STAMP = ".bws-test-engine-ok"
 CONTRACT_SCRIPT = {"sglang": "contract-venv-sglang.sh", "vllm": "contract-venv-vllm.sh"}
 BUILD_TIMEOUT_S = 1200
@@ -71,20 +73,27 @@ def pinned_packages(lock: dict) -> list[str]:
     return packages
 
 
-def stub_names(lock: dict) -> list[str]:
-    names = (lock.get("test_engine") or {}).get("stubs", [])
-    # A stub is a package (its __init__.py) or the .dist-info folder that makes importlib.metadata find it.
-    missing = [name for name in names
-               if not (STUBS / name / ("METADATA" if name.endswith(".dist-info") else "__init__.py")).is_file()]
+def stub_dirs(lock: dict) -> list[Path]:
+    """The folders of the lock's stubs: a package (its __init__.py) or the .dist-info folder that makes
+    importlib.metadata find it, from the first of STUB_ROOTS that has it."""
+    found, missing = [], []
+    for name in (lock.get("test_engine") or {}).get("stubs", []):
+        marker = "METADATA" if name.endswith(".dist-info") else "__init__.py"
+        folder = next((root / name for root in STUB_ROOTS if (root / name / marker).is_file()), None)
+        if folder is None:
+            missing.append(name)
+        else:
+            found.append(folder)
     if missing:
-        raise SystemExit(f"the {lock['engine']} lock names test-engine stubs missing from {STUBS}: {missing}")
-    return names
+        roots = ", ".join(str(root.relative_to(REPO_ROOT)) for root in STUB_ROOTS)
+        raise SystemExit(f"the {lock['engine']} lock names test-engine stubs missing from {roots}: {missing}")
+    return found
 
 
 def recipe_id(lock: dict, contract_stamp: str) -> str:
     digest = hashlib.sha256(json.dumps([pinned_packages(lock), contract_stamp]).encode())
-    for name in stub_names(lock):
-        files = (path for path in (STUBS / name).rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+    for folder in stub_dirs(lock):
+        files = (path for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
         for path in sorted(files):
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -149,8 +158,8 @@ def _install(lock: dict, contract: Path, venv: Path) -> None:
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = site_packages(venv)
     stubs = venv / "test-engine-stubs"
-    for name in stub_names(lock):
-        shutil.copytree(STUBS / name, stubs / name)
+    for folder in stub_dirs(lock):
+        shutil.copytree(folder, stubs / folder.name, ignore=shutil.ignore_patterns("__pycache__"))
     contract_site = site_packages(contract)
     relative = [os.path.relpath(path, site) for path in (stubs, contract_site, *contract_path_files(contract_site))]
     # One `import` line (site.addpackage runs it with `sitedir` in scope): the paths are resolved from the real

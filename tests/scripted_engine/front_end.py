@@ -42,6 +42,14 @@ def make_models(root: Path) -> tuple[Path, Path]:
     return model, drafter
 
 
+def signal_main_process(process: subprocess.Popen, signum: int) -> None:
+    """Signal the engine's main process, the only child of `unshare --fork` (PID 1 of its namespace), as systemd's
+    KillMode=mixed signals a unit's main process: never anything outside the namespace the test started."""
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    for pid in children.read_text().split() if children.exists() else []:
+        os.kill(int(pid), signum)
+
+
 class RealFrontEnd:
     """One engine process: SGLang with a YAML config (`serve --config`), vLLM with `serve MODEL` argv."""
 
@@ -124,10 +132,7 @@ class RealFrontEnd:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def send_signal(self, signum: int) -> None:
-        """Signal the engine's main process (the namespace's PID 1 child), as systemd's KillMode=mixed does."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        for pid in children.read_text().split() if children.exists() else []:
-            os.kill(int(pid), signum)
+        signal_main_process(self.process, signum)
 
     def stop(self) -> None:
         if self.process.poll() is None:
