@@ -122,17 +122,11 @@ class RealFrontEnd:
             time.sleep(0.5)
         raise RuntimeError(f"{self.flavour} front end not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
 
-    def wait_listening(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        self.wait_ready(timeout_s)
-
     def log_text(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
-
-    def send_signal(self, signum: int) -> None:
-        signal_main_process(self.process, signum)
 
     def stop(self) -> None:
         if self.process.poll() is None:
