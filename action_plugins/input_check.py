@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -209,11 +210,42 @@ def check_profile(name: str, profile: Any, schema: dict) -> tuple[dict | None, l
     return None, [f"profile {name}: {m}" for m in messages]
 
 
+# A profile's name reaches the unit file (its header and Description=), release metadata and report paths.
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def control_characters(value: Any, path: str) -> list[str]:
+    """Where a string of a (nested) value holds a control character: in a unit or config file a newline starts a
+    new line that systemd or the engine reads as its own (an ExecStartPre=, say)."""
+    if isinstance(value, str):
+        found = sorted({f"U+{ord(c):04X}" for c in value if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0})
+        return [f"{path or 'value'} holds control characters ({', '.join(found)})"] if found else []
+    if isinstance(value, dict):
+        return [m for key, item in value.items() for m in control_characters(str(key), f"{path} key") +
+                control_characters(item, f"{path}.{key}" if path else str(key))]
+    if isinstance(value, list):
+        return [m for index, item in enumerate(value) for m in control_characters(item, f"{path}[{index}]")]
+    return []
+
+
+def bad_profile_name(name: str) -> list[str]:
+    if PROFILE_NAME.fullmatch(name):
+        return []
+    return [f"profile name {name!r} is not a plain name: letters, digits, '.', '_' and '-', at most 64, starting "
+            "with a letter or digit (it names the unit's description, the release and the report folders)"]
+
+
 def check_profiles(profiles: Any, schema: dict) -> tuple[dict, list[str]]:
     if not isinstance(profiles, dict):
         return {}, [f"engine_profiles must be a mapping of profile name to profile, got {type(profiles).__name__}"]
     normalized, messages = {}, []
     for name, profile in profiles.items():
+        if bad_profile_name(str(name)):
+            messages += bad_profile_name(str(name))
+            continue
+        if control_characters(profile, ""):
+            messages += [f"profile {name}: {m}" for m in control_characters(profile, "")]
+            continue
         checked, errors = check_profile(str(name), profile, schema)
         messages += errors
         if checked is not None:
@@ -263,7 +295,12 @@ class ActionModule(ActionBase):
             raw, templated = self._host_variables(task_vars)
             names = [n for n in raw if owner_of(n, catalog) or n in RESERVED_NAMES]
             errors += unknown_variables(names, catalog)
-            errors += mistyped_variables(self._given_values(names, catalog, templated), catalog)
+            given = self._given_values(names, catalog, templated)
+            errors += mistyped_variables(given, catalog)
+            # Strings reach unit files, config files and command lines: a control character is never meant.
+            errors += [m for name, value in sorted(given.items()) for m in control_characters(value, name)]
+            if "engine_profile" in raw:
+                errors += bad_profile_name(str(self._templar.template(raw["engine_profile"])))
 
         profiles = args.get("profiles", task_vars.get("engine_profiles"))
         normalized: dict = {}

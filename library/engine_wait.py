@@ -60,6 +60,13 @@ options:
     type: list
     elements: str
     default: ['"GET /health', '"GET /ready', 'Health check failed', 'Health check request received']
+  redact:
+    description:
+      - Secrets (the engine's API key) masked in the journal tail before it is returned, in every form a log
+        line can hold them - as they are, JSON- and repr-escaped, base64-encoded.
+    type: list
+    elements: str
+    default: []
   journal_lines:
     description: Journal lines to return on failure.
     type: int
@@ -121,6 +128,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_redact import redact
 from ansible.module_utils.bws_systemd import journal_tail, unit_properties
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
@@ -281,7 +289,8 @@ def wait(module: AnsibleModule) -> None:
         stall = current.stall_reason(last_status)
         reason = unit_died(state, restarts_at_start) or stall or current.timeout_reason(last_status)
         if reason:
-            journal = journal_tail(unit, params["journal_lines"], timeout=SYSTEMD_READ_S) if unit else []
+            journal = [redact(line, params["redact"]) for line in
+                       (journal_tail(unit, params["journal_lines"], timeout=SYSTEMD_READ_S) if unit else [])]
             module.fail_json(msg=f"{params['url']}: {reason}", elapsed_s=round(current.elapsed(), 3),
                              stalled=stall is not None and reason == stall, silent_s=round(current.silent_s(), 3),
                              journal=journal, **{**result, "unit_state": state})
@@ -300,6 +309,7 @@ def main() -> None:
             "stall_timeout_s": {"type": "float", "default": 0},
             "progress_ignore": {"type": "list", "elements": "str", "default": DEFAULT_PROGRESS_IGNORE},
             "journal_lines": {"type": "int", "default": 40},
+            "redact": {"type": "list", "elements": "str", "default": [], "no_log": True},
         },
         supports_check_mode=True,
     )

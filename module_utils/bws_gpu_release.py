@@ -42,6 +42,7 @@ from ansible.module_utils.bws_procfs import (
     is_alive,
     own_cgroup_roots,
     parse_cgroup_entries,
+    parse_nspid_depth,
     placement,
     read_link,
     read_mapped_paths,
@@ -226,6 +227,7 @@ class Scope:
         self.name: str = params["scope"]
         self.pidns = read_link("/proc/self/ns/pid")
         me = procs.get(os.getpid())
+        self.pidns_depth = me.pidns_depth if me is not None else parse_nspid_depth(_read_text("/proc/self/status"))
         entries = me.cgroup_entries if me is not None else parse_cgroup_entries(_read_text("/proc/self/cgroup"))
         self.roots = own_cgroup_roots(entries)
         self.users = resolve_users(params["service_users"])
@@ -246,9 +248,15 @@ class Scope:
         return f"scope {self.name}: targets are {unit_part}, and {who}"
 
     def out_of_scope(self, proc: Proc) -> str | None:
-        """Why an engine-looking process is not ours (None when it is)."""
-        if self.pidns and proc.pidns and proc.pidns != self.pidns:
-            return f"in another PID namespace ({proc.pidns}): a container's process"
+        """Why an engine-looking process is not ours (None when it is). What cannot be read about it makes it not
+        ours: a scope decision fails closed."""
+        namespace = self.other_pid_namespace(proc)
+        if namespace:
+            return namespace
+        if not proc.cgroup_entries:
+            return "its cgroup cannot be read: not known to be ours"
+        if proc.uid is None:
+            return "its owner cannot be read: not known to be ours"
         place = placement(proc.cgroup_entries, self.roots)
         if place.kind == "outside":
             return f"outside this module's cgroup root ({place.path})"
@@ -261,6 +269,20 @@ class Scope:
         if proc.uid not in self.users.uids:
             return f"runs as {user_name(proc.uid)}, not an engine service user ({self.user_names})"
         return None
+
+    def other_pid_namespace(self, proc: Proc) -> str | None:
+        """Why the process is in another PID namespace than this module, or cannot be shown not to be; None when
+        it is in ours. The ns/pid link where both can be read; else the NSpid: depth, which is readable where the
+        link is not (another user's process, to a root without CAP_SYS_PTRACE)."""
+        if self.pidns and proc.pidns:
+            same = proc.pidns == self.pidns
+            return None if same else f"in another PID namespace ({proc.pidns}): a container's process"
+        if self.pidns_depth is not None and proc.pidns_depth is not None:
+            if proc.pidns_depth == self.pidns_depth:
+                return None
+            return (f"in another PID namespace (nested {proc.pidns_depth - self.pidns_depth} level(s) below this "
+                    "one, from NSpid): a container's process")
+        return "its PID namespace cannot be read: not known to be ours"
 
 
 @dataclass

@@ -36,8 +36,12 @@ class Proc:
     cgroups: list[str] = field(default_factory=list)
     # (hierarchy, path) per line of /proc/<pid>/cgroup; the hierarchy is "" for v2, else its controllers.
     cgroup_entries: list[tuple[str, str]] = field(default_factory=list)
-    # The /proc/<pid>/ns/pid link ("pid:[4026531836]"); None where it cannot be read.
+    # The /proc/<pid>/ns/pid link ("pid:[4026531836]"); None where it cannot be read (another user's process, to a
+    # root without CAP_SYS_PTRACE in a container).
     pidns: str | None = None
+    # How many PID namespaces the process is in, counted from this procfs's (the NSpid: line of its status, which
+    # stays readable where the link is not); None where the kernel or the read gives none.
+    pidns_depth: int | None = None
 
     @property
     def cmd(self) -> str:
@@ -86,6 +90,14 @@ def parse_uid(status_text: str) -> int | None:
         if line.startswith("Uid:"):
             parts = line.split()
             return int(parts[1]) if len(parts) > 1 else None
+    return None
+
+
+def parse_nspid_depth(status_text: str) -> int | None:
+    """The number of PIDs on the NSpid: line of /proc/<pid>/status: 1 in this procfs's namespace, more when nested."""
+    for line in status_text.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) - 1 or None
     return None
 
 
@@ -164,6 +176,7 @@ def read_proc(pid: int, proc_root: str = "/proc", with_fds: bool = True) -> Proc
         cgroups=[path for _, path in entries],
         cgroup_entries=entries,
         pidns=read_link(f"{proc_root}/{pid}/ns/pid"),
+        pidns_depth=parse_nspid_depth(status_text),
     )
 
 

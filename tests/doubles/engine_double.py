@@ -28,7 +28,9 @@ Environment (all optional):
     ENGINE_DOUBLE_FAULT       none | crash-at-start | hang | ignore-sigterm | crash-after-ready |
                               deadlock-on-generate (loads, then every generation blocks for ever) |
                               garbage-output (every token is "foss", as a broken MoE kernel path answers) |
-                              slow-first-request (the first generation takes ENGINE_DOUBLE_FIRST_REQUEST_S)
+                              slow-first-request (the first generation takes ENGINE_DOUBLE_FIRST_REQUEST_S) |
+                              unguarded-route (vLLM flavour: /invocations answers without the key, as vLLM
+                              0.33.0 alone does; the deploy's middleware is what refuses it)
     ENGINE_DOUBLE_START_S     seconds /health answers 503 before it is ready (default 0.5)
     ENGINE_DOUBLE_FIRST_REQUEST_S  extra seconds of the first generation with slow-first-request (default 10)
     SGLANG_HEALTH_CHECK_TIMEOUT    SGLang flavour: seconds /health waits for its generation (default 20,
@@ -55,7 +57,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 DOUBLE_MARKER = "ENGINE TEST DOUBLE (not an engine)"
 VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
 FAULTS = ("none", "crash-at-start", "hang", "ignore-sigterm", "crash-after-ready", "deadlock-on-generate",
-          "garbage-output", "slow-first-request")
+          "garbage-output", "slow-first-request", "unguarded-route")
+# The POST routes the double serves, in its /openapi.json (FastAPI's, as both engines serve it): a few of the real
+# tables (the contract tests' parity check reads the real ones). vLLM 0.33.0 entrypoints/serve/sagemaker/
+# api_router.py registers /invocations; SGLang 0.5.23 srt/entrypoints/http_server.py /abort_request.
+POST_ROUTES = {"sglang": ("/v1/chat/completions", "/v1/completions", "/abort_request"),
+               "vllm": ("/v1/chat/completions", "/v1/completions", "/invocations")}
 # Reasoning parsers whose model thinks unless the request's chat_template_kwargs say `thinking: false`:
 # SGLang 0.5.23 srt/parser/reasoning_parser.py (KimiK2Detector, reasoning_default="thinking", read by
 # srt/entrypoints/openai/serving_chat.py `_get_reasoning_from_request`: thinking unless the kwarg is
@@ -337,6 +344,9 @@ class Handler(BaseHTTPRequestHandler):
             "/model_info": self._model_info,
             "/server_info": self._server_info,
             "/version": lambda: {"version": VERSIONS[engine.flavour], "test_double": DOUBLE_MARKER},
+            "/openapi.json": lambda: {"openapi": "3.1.0", "paths": {
+                **{path: {"get": {}} for path in ("/health", "/metrics", "/v1/models", "/version")},
+                **{path: {"post": {}} for path in POST_ROUTES[engine.flavour]}}},
         }
         if path in routes:
             self._send(HTTPStatus.OK, routes[path]())
@@ -345,7 +355,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
-        if not self._ready_and_authorized():
+        # vLLM 0.33.0 checks the key only under /v1, /v2, /inference and /cohere
+        # (entrypoints/serve/middleware/authenticate.py): its /invocations serves without it.
+        unguarded = self.engine.fault == "unguarded-route" and path == "/invocations" and self.engine.ready
+        if not unguarded and not self._ready_and_authorized():
             return
         length = int(self.headers.get("Content-Length", "0"))
         try:
@@ -353,13 +366,17 @@ class Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             self._send(HTTPStatus.BAD_REQUEST, {"error": {"message": "invalid JSON body"}})
             return
-        if path in ("/v1/chat/completions", "/v1/completions"):
+        if not isinstance(request, dict):  # FastAPI's answer to a body its request model cannot take
+            self._send(HTTPStatus.UNPROCESSABLE_ENTITY, {"detail": [{"type": "model_attributes_type"}]})
+        elif path == "/invocations" and self.engine.flavour == "vllm" and "messages" not in request:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": {"message": "no request type matches the body"}})
+        elif path in ("/v1/chat/completions", "/v1/completions", "/invocations"):
             self.aborted = threading.Event()
             with self.engine.lock:
                 self.engine.in_flight += 1
                 self.engine.aborts.add(self.aborted)
             try:
-                self._completion(request, chat=path.endswith("chat/completions"))
+                self._completion(request, chat=path.endswith("chat/completions") or path == "/invocations")
             finally:
                 with self.engine.lock:
                     self.engine.in_flight -= 1

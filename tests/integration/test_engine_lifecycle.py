@@ -136,6 +136,7 @@ def _profiles_with(name: str, **changes) -> dict:
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
 # Each is refused by the input check (action_plugins/input_check.py) that every play runs first. Every
 # root-level playbook refuses the same inputs on localhost in tests/integration/test_input_check_playbooks.py.
+INJECTED_NAME = "x\n[Service]\nExecStartPre=+/bin/touch /tmp/pwned"
 REFUSED_INPUTS = {
     "misspelled api key": (
         {"sglang_api_kye": "x"},
@@ -148,6 +149,12 @@ REFUSED_INPUTS = {
     "tensor parallel size as a word": (
         {"engine_profiles": _profiles_with("sandbox-tiny-eagle3", tensor_parallel_size="eight")},
         ["profile sandbox-tiny-eagle3: argument 'tensor_parallel_size' is of type str"],
+    ),
+    # Tried on a test host before the check existed: the name reached the unit's header and Description= as lines
+    # of their own, and systemd ran the injected ExecStartPre= as root.
+    "a profile name with a newline": (
+        {"engine_profile": INJECTED_NAME, "engine_profiles": {INJECTED_NAME: build_profiles()["sandbox-tiny-eagle3"]}},
+        ["is not a plain name: letters, digits, '.', '_' and '-'", "engine_profile holds control characters (U+000A)"],
     ),
     "a bogus variable of every role": (
         {f"{role}_bogus": 1 for role in ROLES},
@@ -170,6 +177,18 @@ def test_refused_input_fails_before_any_change_and_the_engine_keeps_serving(host
     assert "TASK [sglang :" not in run.stdout, "no task of the deploy may run"
     assert main_pid(host) == pid
     assert host.health() == 200
+    assert host.sh("ls /tmp/pwned 2>/dev/null || true") == ""  # the injected ExecStartPre= never ran
+
+
+def test_an_address_other_than_loopback_without_a_key_is_refused_before_any_change(host, runs):
+    pid = main_pid(host)
+    run = host.run_playbook("deploy_sglang.yml", check=True,
+                            extravars={"sglang_listen_address": "0.0.0.0", "sglang_api_key": ""})
+    runs.append(run)
+    assert run.rc != 0
+    assert "sglang_listen_address is 0.0.0.0 but sglang_api_key is empty" in " ".join(run.stdout.split())
+    assert "TASK [python_env :" not in run.stdout and "TASK [engine_service :" not in run.stdout
+    assert main_pid(host) == pid and host.health() == 200
 
 
 def test_check_diff_on_the_serving_sglang_host_changes_nothing(host, runs):

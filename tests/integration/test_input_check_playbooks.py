@@ -28,6 +28,10 @@ REFUSED = {
     "engine_profil": "sandbox-tiny",
     "deploy_batch_sise": 2,
     "vllm_ready_timeout_s": "soon",
+    # A newline that would start a line of its own in the unit file (tried on a test host before the check: systemd
+    # ran the injected ExecStartPre= as root).
+    "engine_profile": "x\n[Service]\nExecStartPre=+/bin/touch /tmp/pwned",
+    "sglang_extra_environment": {"X": "1\nExecStartPre=+/bin/true"},
 }
 EXPECTED = [
     *(f"unknown variable {role}_bogus: not an option of role {role}" for role in ROLES),
@@ -35,6 +39,9 @@ EXPECTED = [
     "unknown variable engine_profil: not a playbook input (did you mean engine_profile?)",
     "unknown variable deploy_batch_sise: not a playbook input (did you mean deploy_batch_size?)",
     "variable vllm_ready_timeout_s (role vllm): argument 'vllm_ready_timeout_s' is of type str",
+    "engine_profile holds control characters (U+000A)",
+    "profile name 'x\\n[Service]\\nExecStartPre=+/bin/touch /tmp/pwned' is not a plain name",
+    "sglang_extra_environment.X holds control characters (U+000A)",
 ]
 
 

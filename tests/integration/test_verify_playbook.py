@@ -84,6 +84,9 @@ def run(tmp_path_factory: pytest.TempPathFactory):
             api_key=VLLM_KEY,
             env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.6", "ENGINE_DOUBLE_SPEC_COST": "1.3"},
         ),
+        # vLLM as it serves without the deploy's middleware: /invocations answers without the key.
+        "open_route": EngineDouble(work, "open_route", "vllm", api_key=VLLM_KEY,
+                                   env={"ENGINE_DOUBLE_FAULT": "unguarded-route"}),
         "hang": EngineDouble(work, "hang", env={**speed, "ENGINE_DOUBLE_FAULT": "hang"}),
         # Kimi-K2.5 served with its reasoning parser: it thinks unless the request turns thinking off.
         "thinking": EngineDouble(work, "thinking", options=KIMI_PARSERS),
@@ -94,7 +97,8 @@ def run(tmp_path_factory: pytest.TempPathFactory):
     try:
         for double in doubles.values():
             double.wait_listening()
-        for name in ("base", "slow", "fast", "unmeasured", "vllm", "thinking", "vthinking", "garbage", "deadlock"):
+        for name in ("base", "slow", "fast", "unmeasured", "vllm", "open_route", "thinking", "vthinking", "garbage",
+                     "deadlock"):
             _wait_healthy(doubles[name])
         # The recorded baseline: the same bench client against the double without speculation.
         baseline = {
@@ -141,6 +145,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                 # A speculative profile and nothing recorded on the host: the speed-up is not measured.
                 ("no_baseline", "unmeasured", {}),
                 ("open_key", "base", {"verify_mode": "smoke", "sglang_api_key": UNENFORCED_KEY}),
+                ("open_route", "open_route", {"verify_mode": "smoke", "vllm_api_key": VLLM_KEY}),
                 (
                     "hang",
                     "hang",
@@ -366,6 +371,18 @@ def test_api_key_refusal_and_no_leak(run):
     assert "answered HTTP 200 to a request without it (expected 401 or 403)" in run["output"]
 
 
+def test_every_post_route_of_the_route_table_is_asked_without_the_key(run):
+    """The no-key probe reads the engine's own /openapi.json: every POST route refused is counted, and a route that
+    serves without the key (vLLM's /invocations outside its guarded prefixes) fails the gate, named."""
+    assert _report(run, "vllm_key")["smoke"]["unauthenticated_routes"] == (
+        "5 POST routes refused without the key: the route table (/openapi.json) and the known generating routes")
+    assert _recap(run["output"], "open_route")["failed"] == 1
+    flat = " ".join(run["output"].split())
+    assert "1 of 5 POST routes of http://127.0.0.1:" in flat, flat[-3000:]
+    assert "/invocations answered HTTP 422. Whoever reaches the port can use them without the key." in flat
+    assert "--middleware bws_vllm_auth.RequireApiKey" in flat
+
+
 def test_baseline_mode_writes_a_baseline_to_pass_back(run):
     assert _recap(run["output"], "baseline")["failed"] == 0
     directory = host_report_dir(run["reports"], "baseline")
@@ -394,11 +411,14 @@ def test_bench_client_double_writes_the_real_clients_keys(run):
                  "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms",
                  "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "spec_decode_acceptance_rate",
                  "spec_decode_acceptance_length", "spec_decode_num_drafts", "spec_decode_accepted_tokens"}
+    # inputs.json keeps the names of every field the client wrote, and the values of the allow-listed ones only
+    # (library/bench_result.py): SGLang's real client saves /server_info, API key included.
     for level in sglang["bench"]["levels"]:
-        assert sglang_keys <= set(level["result"]), sglang_keys - set(level["result"])
+        assert sglang_keys <= set(level["result_fields"]), sglang_keys - set(level["result_fields"])
+        assert set(level["result"]) < set(level["result_fields"])
     for level in vllm["bench"]["levels"]:
-        assert vllm_keys <= set(level["result"]), vllm_keys - set(level["result"])
-        assert "ttfts" not in level["result"]  # per-request lists only with --save-detailed, as in vLLM
+        assert vllm_keys <= set(level["result_fields"]), vllm_keys - set(level["result_fields"])
+        assert "ttfts" not in level["result_fields"]  # per-request lists only with --save-detailed, as in vLLM
 
 
 def _adhoc_engine_metrics(url: str) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 ENTRY = {"sglang": HERE / "sglang_serve.py", "vllm": HERE / "vllm_serve.py"}
 MAKE_MODEL = REPO_ROOT / "tests" / "sandbox" / "make_tiny_model.py"
+ROLES = REPO_ROOT / "roles"
 # SGLang's start (scheduler + detokenizer processes, warm-up) took about 21 s on 2 quiet cores, vLLM's about 10 s.
 START_TIMEOUT_S = 240.0
 
@@ -55,7 +57,7 @@ class RealFrontEnd:
 
     def __init__(self, python: Path, workdir: Path, name: str, flavour: str, *, speculative: bool = False,
                  api_key: str | None = None, env: dict[str, str] | None = None, num_steps: int = 3,
-                 options: dict[str, object] | None = None) -> None:
+                 options: dict[str, object] | None = None, deploy_guards: bool = True) -> None:
         self.name, self.flavour, self.port = name, flavour, free_port()
         self.speculative, self.num_steps = speculative, num_steps
         self.served_name = f"{name}-model"
@@ -72,11 +74,31 @@ class RealFrontEnd:
         if flavour == "vllm" and api_key:
             full_env["VLLM_API_KEY"] = api_key  # as the deploy gives it: an EnvironmentFile, not argv
         full_env.pop("PYTHONPATH", None)
+        if deploy_guards:
+            full_env.update(self._deploy_guards(workdir / f"{name}.release", args))
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
                  str(python), str(ENTRY[flavour]), *args],
                 stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+
+    def _deploy_guards(self, release_dir: Path, args: list[str]) -> dict[str, str]:
+        """What the engine roles add around the engine, from their own files, into a stand-in release directory
+        (on PYTHONPATH as in the unit): SGLang's logging configuration with the filter that redacts the keys; with a
+        key, vLLM's middleware that guards every route. Returns the environment; extends `args` in place."""
+        release_dir.mkdir(parents=True, exist_ok=True)
+        guards: dict[str, str] = {"PYTHONPATH": str(release_dir)}
+        if self.flavour == "sglang":
+            import jinja2  # the test runner's (Ansible's) Jinja: the role renders the same template
+
+            template = (ROLES / "sglang" / "templates" / "sglang-logging.json.j2").read_text(encoding="utf-8")
+            (release_dir / "logging.json").write_text(jinja2.Template(template).render(sglang_logging_level="info"))
+            shutil.copy(ROLES / "sglang" / "files" / "bws_sglang_logging.py", release_dir)
+            guards["SGLANG_LOGGING_CONFIG_PATH"] = str(release_dir / "logging.json")
+        elif self.api_key:
+            shutil.copy(ROLES / "vllm" / "files" / "bws_vllm_auth.py", release_dir)
+            args += ["--middleware", "bws_vllm_auth.RequireApiKey"]
+        return guards
 
     def _sglang_args(self, workdir: Path, model: Path, drafter: Path, options: dict | None) -> list[str]:
         config: dict[str, object] = {

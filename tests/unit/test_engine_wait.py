@@ -170,3 +170,23 @@ def test_probe_echo_patterns_match_the_engines_lines():
         assert any(p.search(line) for p in ignore), line
     for line in ("Loading safetensors checkpoint shards: 100% 64/64", 'INFO: "POST /v1/chat/completions HTTP/1.1" 200'):
         assert not any(p.search(line) for p in ignore), line
+
+
+SECRET = "sk-'journal\"Key-7"
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.2)], indirect=True)
+def test_the_journal_tail_comes_back_with_the_key_masked_in_every_form(endpoint, capsys, monkeypatch, systemd):
+    """SGLang logs its arguments with repr and clients log JSON: a tail shown on failure masks each form."""
+    import base64
+
+    lines = [f"server_args={ {'api_key': SECRET} }", json.dumps({"key": SECRET}),
+             "token " + base64.b64encode(f"x{SECRET}yz".encode()).decode(), "plain line"]
+    monkeypatch.setattr(engine_wait, "journal_tail", lambda *_a, **_k: list(lines))
+    code, result, _ = run(capsys, url=endpoint, unit="sglang.service", timeout_s=1, interval_s=0.2, redact=[SECRET])
+    assert code == 1
+    shown = "\n".join(result["journal"])
+    assert result["journal"][-1] == "plain line" and shown.count("********") == 3, shown
+    for line in lines[:3]:
+        assert line not in shown
+    assert "journal\"Key" not in shown and "journal\\\"Key" not in shown and "'journal" not in shown

@@ -163,7 +163,7 @@ def test_unit_cgroup_pids_v2_and_v1_layouts(tmp_path):
     assert pf.unit_cgroup_pids(str(tmp_path / "v1"), "") == set()
 
 
-def proc(pid, ppid, argv, *, fds=(), comm=None, cgroups=(), uid=0, pidns="pid:[1]"):
+def proc(pid, ppid, argv, *, fds=(), comm=None, cgroups=("/",), uid=0, pidns="pid:[1]"):
     return pf.Proc(
         pid,
         ppid,
@@ -669,3 +669,41 @@ def test_state_dir_without_a_deploy_and_after_a_failed_release(tmp_path, capsys)
     assert rc == 1 and out["msg"].startswith("wedged GPU") and "diff" not in out
     assert json.loads((tmp_path / "none" / "state.json").read_text())["status"] == "serving", "a failed teardown"
     assert out["summary"][-2] == "release sglang-20261201-a (sglang, profile kimi): state.json left as it was (serving)"
+
+
+# --- scope decisions fail closed ----------------------------------------------------------------------------------
+def test_nspid_depth_is_read_from_status() -> None:
+    assert pf.parse_nspid_depth("Name:\tsglang\nNSpid:\t4242\n") == 1
+    assert pf.parse_nspid_depth("NSpid:\t4242\t17\t1\n") == 3
+    assert pf.parse_nspid_depth("Name:\told kernel\n") is None
+
+
+def _scheduler(pidns: str | None, depth: int | None, **kwargs) -> pf.Proc:
+    engine = proc(4242, 1, ["sglang::scheduler_TP0"], pidns=pidns,
+                  **{"cgroups": ["/system.slice/sglang.service"], **kwargs})
+    engine.pidns_depth = depth
+    return engine
+
+
+def test_an_unreadable_namespace_link_falls_back_to_nspid_and_spares_a_nested_process() -> None:
+    """Inside a systemd container without CAP_SYS_PTRACE root cannot readlink another user's ns/pid; the NSpid: line
+    still shows the process one namespace deeper: a container's, never a target."""
+    params = selection_params(service_users=["0"])
+    scope = scope_of(params, {})
+    scope.pidns_depth = 1
+    assert scope.out_of_scope(_scheduler(None, 2)) == (
+        "in another PID namespace (nested 1 level(s) below this one, from NSpid): a container's process")
+    assert scope.out_of_scope(_scheduler(None, 1)) is None  # the same namespace, shown by NSpid
+
+
+@pytest.mark.parametrize(("engine", "why"), [
+    (_scheduler(None, None), "its PID namespace cannot be read: not known to be ours"),
+    (_scheduler("pid:[1]", 1, uid=None), "its owner cannot be read: not known to be ours"),
+    (_scheduler("pid:[1]", 1, cgroups=[]), "its cgroup cannot be read: not known to be ours"),
+])
+def test_what_cannot_be_read_about_a_process_makes_it_not_a_target(engine: pf.Proc, why: str) -> None:
+    for scope_name in ("default", "host"):
+        params = selection_params(service_users=["0"], scope=scope_name)
+        scope = scope_of(params, {})
+        scope.pidns_depth = None if engine.pidns_depth is None else 1
+        assert scope.out_of_scope(engine) == why

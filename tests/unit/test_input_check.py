@@ -187,6 +187,34 @@ def test_a_profile_name_that_is_not_in_the_catalogue_names_the_closest() -> None
         "kimi-k25-int4-eagle3, qwen3-0.6b-smoke); did you mean kimi-k25-int4-eagle3?"]
 
 
+INJECTED = "x\n[Service]\nExecStartPre=+/bin/touch /tmp/pwned"  # tried on a test host: systemd ran it as root
+
+
+@pytest.mark.parametrize("name", [INJECTED, "a b", "-x", "kimi/../../etc", "", "k" * 65, "tab\tname"])
+def test_a_profile_name_that_is_not_a_plain_name_is_refused_before_anything(name: str) -> None:
+    normalized, errors = ic.check_profiles({name: _kimi(), "kimi": _kimi()}, CATALOG.profile_schema)
+    assert list(normalized) == ["kimi"]
+    assert errors == [f"profile name {name!r} is not a plain name: letters, digits, '.', '_' and '-', at most 64, "
+                      "starting with a letter or digit (it names the unit's description, the release and the report "
+                      "folders)"]
+
+
+def test_a_control_character_in_any_string_of_a_profile_is_refused_naming_where() -> None:
+    profile = _kimi()
+    profile["served_model_name"] = "kimi\r\nExecStartPre=/bin/true"
+    profile["model"]["source"] = {**profile["model"]["source"], "revision": "main\x1b[2J"}
+    _, errors = ic.check_profiles({"kimi": profile}, CATALOG.profile_schema)
+    assert "profile kimi: served_model_name holds control characters (U+000A, U+000D)" in errors
+    assert "profile kimi: model.source.revision holds control characters (U+001B)" in errors
+
+
+def test_control_characters_are_found_in_nested_variables_and_keys() -> None:
+    assert ic.control_characters({"A\nB": "1", "ok": ["x", "y\u0085"]}, "sglang_extra_environment") == [
+        "sglang_extra_environment key holds control characters (U+000A)",
+        "sglang_extra_environment.ok[1] holds control characters (U+0085)"]
+    assert ic.control_characters({"PATH": "/usr/bin", "n": 3, "t": True}, "vllm_environment") == []
+
+
 # --- specs carry the defaults; playbooks run the check first; no default() on profile keys -------------
 
 

@@ -3,6 +3,7 @@
 Tests run in file order; the teardown test comes last because it stops what the others look at.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -74,6 +75,18 @@ def test_05_config_is_readable_by_root_and_the_service_group_only(host):
     assert (file.user, file.group, file.mode) == ("root", "sglang", 0o640)
     assert "speculative-algorithm: \"EAGLE3\"" in file.content_string
     assert "tp-size: 1" in file.content_string
+
+
+def test_05_sglang_logs_through_the_release_logging_configuration(host):
+    """SGLang logs its server_args (api_key included) on start: the release's logging.json, on the unit's
+    SGLANG_LOGGING_CONFIG_PATH, filters it with the module beside it on PYTHONPATH."""
+    text = host.file("/etc/systemd/system/sglang.service").content_string
+    release = re.search(r'^Environment="PYTHONPATH=(/var/lib/llm-serving/releases/sglang-[0-9a-f]{12})"$', text, re.M)
+    assert release, text
+    assert f'Environment="SGLANG_LOGGING_CONFIG_PATH={release.group(1)}/logging.json"' in text.splitlines()
+    config = json.loads(host.file(f"{release.group(1)}/logging.json").content_string)
+    assert config["filters"]["redact_api_keys"]["()"] == "bws_sglang_logging.RedactApiKeys"
+    assert host.file(f"{release.group(1)}/bws_sglang_logging.py").exists
 
 
 def test_06_state_records_the_serving_release(host):

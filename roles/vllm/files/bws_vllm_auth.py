@@ -1,0 +1,74 @@
+"""ASGI middleware for vLLM's API server: every route needs the API key, not only those under /v1.
+
+vLLM 0.33.0 checks the key only on paths under /v1, /v2, /inference and /cohere
+(`entrypoints/serve/middleware/authenticate.py`, GUARDED_PREFIX). Routes outside them serve without it, and
+two generate: SageMaker's `/invocations` (always registered, `entrypoints/serve/sagemaker/api_router.py`),
+which dispatches to chat and completions, and `/generative_scoring`; `/tokenize` and the others answer too.
+vLLM has no switch to guard or drop them; it does take extra ASGI middleware by import path
+(`--middleware`, `entrypoints/serve/middleware/register.py`), which is how the vllm role adds this one.
+
+Open without the key, as SGLang leaves them (`srt/utils/auth.py`): the probes and the scrape, which carry no
+prompt and no completion (/health, /ping, /metrics, /version) and CORS preflights (OPTIONS). Everything
+else, HTTP and WebSocket, needs `Authorization: Bearer <key>`, compared as vLLM compares it (SHA-256 digests,
+constant time). The key comes from VLLM_API_KEY, as the release's api-key.env gives it to vLLM itself; with
+no key there every guarded request is refused (the role adds this middleware only when a key is set).
+
+Installed by the vllm role in the release directory (the unit's PYTHONPATH); the standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+
+OPEN_PATHS = ("/health", "/ping", "/metrics", "/version")
+logger = logging.getLogger("vllm.bws_vllm_auth")
+
+
+def is_open(path: str) -> bool:
+    return any(path == open_path or path.startswith(open_path + "/") for open_path in OPEN_PATHS)
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token if scheme.lower() == "bearer" else None
+    return None
+
+
+class RequireApiKey:
+    """Refuses, with vLLM's own 401 reply, every request outside OPEN_PATHS that lacks the key."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        key = os.environ.get("VLLM_API_KEY", "")
+        self._digest = hashlib.sha256(key.encode("utf-8")).digest() if key else None
+        if self._digest is None:
+            logger.warning("VLLM_API_KEY is not set: every route but %s is refused", ", ".join(OPEN_PATHS))
+
+    def allowed(self, scope: dict) -> bool:
+        if scope.get("method") == "OPTIONS":
+            return True
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if is_open(path):
+            return True
+        token = bearer_token(scope.get("headers", []))
+        if self._digest is None or token is None:
+            return False
+        return secrets.compare_digest(hashlib.sha256(token.encode("utf-8")).digest(), self._digest)
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket") or self.allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # policy violation
+            return
+        body = json.dumps({"error": "Unauthorized"}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,222 @@
+"""What the deploy adds around the engines so that the API key stays secret and guards every route:
+SGLang's logging filter (roles/sglang/files/bws_sglang_logging.py), vLLM's middleware (roles/vllm/files/
+bws_vllm_auth.py), verify's no-key route probe (roles/verify/filter_plugins/route_probes.py) and the benchmark
+result allow-list (library/bench_result.py). The real front ends run them in tests/contract/test_real_front_ends.py."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import jinja2
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from module_utils_loader import load_library_module  # noqa: E402
+
+KEY = "sk-'q\"uote\\d-Zq7"  # quotes and a backslash: repr and JSON escape them differently
+
+
+def load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dictConfig's "()" imports the filter by name
+    spec.loader.exec_module(module)
+    return module
+
+
+sglang_logging = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_logging.py")
+vllm_auth = load(REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py")
+route_probes = load(REPO / "roles" / "verify" / "filter_plugins" / "route_probes.py")
+bench_result = load_library_module("bench_result")
+
+
+# --- SGLang's start-up line ------------------------------------------------------------------------------------------
+def server_args_line(**fields: object) -> str:
+    """The line as SGLang 0.5.23 writes it: f"server_args={dict}" (srt/entrypoints/engine.py)."""
+    return f"server_args={ {'model_path': '/srv/m', **fields, 'port': 30000} }"
+
+
+@pytest.mark.parametrize("fields", [{"api_key": KEY}, {"api_key": KEY, "admin_api_key": KEY + "-admin"},
+                                    {"api_key": "plain"}])
+def test_the_filter_redacts_every_key_of_the_server_args_line(fields: dict) -> None:
+    redacted = sglang_logging.redact(server_args_line(**fields))
+    for value in fields.values():
+        assert value not in redacted and repr(value)[1:-1] not in redacted
+    assert redacted.count("'<redacted>'") == len(fields)
+    assert "'model_path': '/srv/m'" in redacted and "'port': 30000" in redacted
+
+
+def test_the_filter_leaves_a_line_without_a_key_alone_and_a_null_key_too() -> None:
+    line = server_args_line(api_key=None)
+    assert sglang_logging.redact(line) == line
+    assert sglang_logging.redact("Load weight end. type=KimiK25") == "Load weight end. type=KimiK25"
+
+
+@pytest.mark.parametrize("text", ["--api-key sk-flag-Form --port 1", "--api-key=secret-Value --port 1",
+                                  "--admin-api-key 'a b' --port 1", '{"api_key": "json-form"}',
+                                  "Engine(api_key='dataclass-form')"])
+def test_the_filter_redacts_flags_json_and_keyword_forms(text: str) -> None:
+    redacted = sglang_logging.redact(text)
+    assert "<redacted>" in redacted
+    for secret in ("sk-", "secret-Value", "a b", "json-form", "dataclass-form"):
+        assert secret not in redacted
+
+
+LOG_WITH_THE_RELEASE_CONFIGURATION = """
+import logging, logging.config, json, sys
+engine_logger = logging.getLogger("sglang.srt.entrypoints.engine")  # made at import, before configure_logger
+logging.config.dictConfig(json.loads(open(sys.argv[1]).read()))
+engine_logger.info(f"server_args={ {'api_key': sys.argv[2], 'tp_size': 8} }")
+engine_logger.debug("below the level")
+engine_logger.info("%s ready", "server")
+"""
+
+
+def test_the_release_logging_configuration_keeps_the_line_and_loses_the_key(tmp_path: Path) -> None:
+    """The role's logging.json, loaded as SGLang loads it (dictConfig in configure_logger), in a process of its own
+    with the filter on PYTHONPATH as the unit has it: records of loggers made before it still come out
+    (disable_existing_loggers false), in SGLang's format, the key redacted."""
+    template = (REPO / "roles" / "sglang" / "templates" / "sglang-logging.json.j2").read_text(encoding="utf-8")
+    config = tmp_path / "logging.json"
+    config.write_text(jinja2.Template(template).render(sglang_logging_level="info"), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", LOG_WITH_THE_RELEASE_CONFIGURATION, str(config), KEY],
+                          env={"PYTHONPATH": str(REPO / "roles" / "sglang" / "files")}, capture_output=True,
+                          text=True, check=True, timeout=60)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr
+    assert lines[0].endswith("server_args={'api_key': '<redacted>', 'tp_size': 8}") and lines[0].startswith("[20")
+    assert lines[1].endswith("] server ready")
+
+
+# --- vLLM's middleware -----------------------------------------------------------------------------------------------
+def call(middleware, path: str, *, key: str | None = None, method: str = "POST", kind: str = "http") -> list[dict]:
+    """The ASGI messages the middleware sends for one request (none when it passed the request on)."""
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    headers = [(b"authorization", f"Bearer {key}".encode("latin-1"))] if key is not None else []
+    scope = {"type": kind, "path": path, "method": method, "headers": headers, "root_path": ""}
+    asyncio.run(middleware(scope, None, send))
+    return sent
+
+
+@pytest.fixture
+def guard(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    sent: list[dict] = []
+
+    async def app(scope, receive, send) -> None:
+        sent.append({"passed": True})
+
+    return vllm_auth.RequireApiKey(app), sent
+
+
+def run(guard, path: str, **kwargs) -> str:
+    middleware, passed = guard
+    before = len(passed)
+    messages = call(middleware, path, **kwargs)
+    if len(passed) > before:
+        return "passed"
+    return str(messages[0].get("status", messages[0].get("code")))
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/generative_scoring", "/tokenize", "/v1/chat/completions",
+                                  "/pooling", "/docs", "/openapi.json", "/healthz"])
+def test_vllm_guard_refuses_every_route_without_the_key(guard, path: str) -> None:
+    assert run(guard, path) == "401"
+    assert run(guard, path, key="wrong") == "401"
+    assert run(guard, path, key=KEY) == "passed"
+
+
+@pytest.mark.parametrize("path", ["/health", "/ping", "/metrics", "/metrics/", "/version"])
+def test_vllm_guard_leaves_the_probes_and_the_scrape_open(guard, path: str) -> None:
+    assert run(guard, path, method="GET") == "passed"
+
+
+def test_vllm_guard_passes_cors_preflight_and_closes_an_unkeyed_websocket(guard) -> None:
+    assert run(guard, "/v1/chat/completions", method="OPTIONS") == "passed"
+    assert run(guard, "/v1/realtime", kind="websocket", method="GET") == "1008"
+    assert run(guard, "/v1/realtime", kind="websocket", method="GET", key=KEY) == "passed"
+
+
+def test_vllm_guard_without_a_key_in_its_environment_refuses_every_guarded_route(monkeypatch) -> None:
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    sent: list[dict] = []
+
+    async def app(scope, receive, send) -> None:
+        sent.append({"passed": True})
+
+    middleware = vllm_auth.RequireApiKey(app)
+    assert run((middleware, sent), "/invocations", key="") == "401"
+    assert run((middleware, sent), "/health", method="GET") == "passed"
+
+
+# --- verify's no-key route probe -------------------------------------------------------------------------------------
+def test_route_probes_ask_every_post_route_of_the_table_and_the_known_ones() -> None:
+    table = {"status": 200, "json": {"paths": {
+        "/v1/chat/completions": {"post": {}}, "/tokenize": {"post": {}}, "/v1/models": {"get": {}},
+        "/ping": {"get": {}, "post": {}}, "/v1/models/{model}": {"post": {}}}}}
+    probes = route_probes.unauthenticated_route_probes(table, ["/ping"], ["/invocations"], 30)
+    assert [probe["path"] for probe in probes] == ["/invocations", "/tokenize", "/v1/chat/completions"]
+    assert all(probe["auth"] is False and probe["method"] == "POST" and isinstance(probe["body"], str)
+               for probe in probes)
+
+
+def test_route_probes_fall_back_to_the_known_routes_without_a_table() -> None:
+    for table in ({"status": 404, "json": {"detail": "Not Found"}}, {}, {"status": 200, "json": {"paths": []}}):
+        probes = route_probes.unauthenticated_route_probes(table, [], ["/generate", "/v1/completions"], 5)
+        assert [probe["path"] for probe in probes] == ["/generate", "/v1/completions"]
+
+
+def test_routes_not_refused_names_each_route_and_what_it_answered() -> None:
+    results = {"/a": {"status": 401}, "/b": {"status": 403}, "/invocations": {"status": 200}, "/c": {"status": -1}}
+    assert route_probes.routes_not_refused(results) == ["/c answered HTTP -1", "/invocations answered HTTP 200"]
+
+
+# --- the benchmark result allow-list ---------------------------------------------------------------------------------
+def sglang_result_line(**extra: object) -> str:
+    """A line as SGLang's client appends it: the numbers and the raw /server_info reply (benchmark/serving.py)."""
+    return json.dumps({"backend": "sglang-oai", "completed": 8, "output_throughput": 812.5, "accept_length": None,
+                       "server_info": {"api_key": KEY, "tp_size": 8}, "generated_texts": ["x"], "flag": True, **extra})
+
+
+def test_bench_result_keeps_only_the_numbers_of_the_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "c1.jsonl"
+    path.write_text(sglang_result_line(completed=4) + "\n" + sglang_result_line() + "\n\n", encoding="utf-8")
+    document = bench_result.read_document(path, "jsonl")
+    kept, dropped = bench_result.keep_plain(document, bench_result.DEFAULT_FIELDS)
+    assert kept == {"completed": 8, "output_throughput": 812.5, "accept_length": None, "backend": "sglang-oai"}
+    assert dropped == ["flag", "generated_texts", "server_info"]
+    assert KEY not in json.dumps([kept, dropped]) and "sk-" not in json.dumps([kept, dropped])
+
+
+def test_bench_result_drops_a_listed_field_that_is_not_a_plain_value(tmp_path: Path) -> None:
+    path = tmp_path / "c1.json"
+    path.write_text(json.dumps({"completed": True, "duration": {"s": 1}, "backend": "x" * 129,
+                                "dataset_name": "two\nlines", "output_throughput": 3}), encoding="utf-8")
+    kept, dropped = bench_result.keep_plain(bench_result.read_document(path, "json"), bench_result.DEFAULT_FIELDS)
+    assert kept == {"output_throughput": 3} and dropped == ["backend", "completed", "dataset_name", "duration"]
+
+
+@pytest.mark.parametrize(("content", "fmt", "message"), [
+    (None, "json", "cannot read the benchmark result"),
+    ("\n\n", "jsonl", "is empty: the client wrote no result line"),
+    ("{not json", "json", "is not JSON"),
+    ("[1, 2]", "json", "is a JSON list, not an object"),
+])
+def test_bench_result_says_what_is_wrong_with_the_file(tmp_path: Path, content: str | None, fmt: str,
+                                                       message: str) -> None:
+    path = tmp_path / "result"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(bench_result.ResultError, match=message):
+        bench_result.read_document(path, fmt)
