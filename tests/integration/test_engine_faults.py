@@ -151,16 +151,5 @@ def test_after_a_rollback_the_state_names_current_and_previous_as_before(host, r
     assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
 
 
-def test_garbage_output_rolls_back_naming_the_reply(host, runs):
-    before = host.state()["current"]
-    run = deploy(host, runs, "deploy_sglang.yml", sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "garbage-output"})
-    assert run.status == "failed"
-    flat = " ".join(run.stdout.split())
-    assert re.search(r"the smoke answer is wrong: asked 'What is \d{3} \+ \d{3}\? Reply with the number only\.', "
-                     r"expected \d+; got HTTP 200 .* content 'foss foss foss", flat), flat[-3000:]
-    assert f"Rolled back: {before} is serving again" in flat
-    assert host.state()["current"] == before and host.health() == 200
-
-
 def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact_of_the_failed_deploys(host, runs):
     assert_api_key_nowhere(host, runs)
