@@ -8,11 +8,11 @@ DOCUMENTATION = r"""
 module: bench_result
 short_description: Read an engine benchmark client's result on the host, keeping an allow-list of fields
 description:
-  - Reads the result file that SGLang's C(sglang.bench_serving) (one JSON line appended per run: the last
-    line is this run) or vLLM's C(vllm bench serve) (one JSON document) wrote, on the host it runs on.
+  - Reads the result file that SGLang's C(sglang.bench_serving) (one JSON line appended per run, the last
+    line being this run) or vLLM's C(vllm bench serve) (one JSON document) wrote, on the host it runs on.
   - Returns only the fields in I(fields), each a number, null or a short one-line string (the workload the client
     says it ran). Everything else stays on the host. The clients' result
-    holds raw upstream payloads: SGLang's client saves the whole C(/server_info) reply, which carries the
+    holds raw upstream payloads - SGLang's client saves the whole C(/server_info) reply, which carries the
     server arguments with the API key (C(sglang/benchmark/serving.py) of SGLang 0.5.23), so reading the
     file with C(slurp) would put the key into the play's results, ansible-runner's events and the report's
     C(inputs.json) on the controller.
