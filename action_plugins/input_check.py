@@ -240,11 +240,9 @@ def check_profiles(profiles: Any, schema: dict) -> tuple[dict, list[str]]:
         return {}, [f"engine_profiles must be a mapping of profile name to profile, got {type(profiles).__name__}"]
     normalized, messages = {}, []
     for name, profile in profiles.items():
-        if bad_profile_name(str(name)):
-            messages += bad_profile_name(str(name))
-            continue
-        if control_characters(profile, ""):
-            messages += [f"profile {name}: {m}" for m in control_characters(profile, "")]
+        refused = bad_profile_name(str(name)) or [f"profile {name}: {m}" for m in control_characters(profile, "")]
+        if refused:
+            messages += refused
             continue
         checked, errors = check_profile(str(name), profile, schema)
         messages += errors
