@@ -9,6 +9,43 @@
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
 # (-v) and Molecule one line per scenario step and task, so a long stage shows where it is. The run ends with
 # the stage times and a pytest-style "N passed, N failed" line.
+# With arguments it runs only the named parts (scripts/test.sh --help); .ci/run gives none: everything.
+usage() {
+  cat <<'USAGE'
+usage: bash scripts/test.sh [PART ...]
+       bash scripts/test.sh pytest [PYTEST ARGUMENTS ...]
+
+With no PART, everything, in this order (what CI runs: .ci/run). Each PART runs only its stages, after the
+bootstrap (scripts/bootstrap.sh: the toolchain, a no-op when it is installed):
+  lint       yamllint, ruff, ansible-doc of every module and role, the execution environment's build
+             context, ansible-lint (production profile)
+  unit       pytest: tests/unit and tests/integration, without the tests that boot hosts
+  molecule   the Molecule scenarios (default, provision) on systemd test hosts
+  contract   the engine contracts: the real SGLang and vLLM code of the pinned versions (CPU venvs)
+  host       the host scenarios: deploys, faults, fleet and the real front ends on booted systemd hosts
+  pytest ... pytest with the given arguments (after the bootstrap and the test-host image), for instance
+             bash scripts/test.sh pytest tests/unit/test_engine_wait.py -k stall
+             bash scripts/test.sh pytest -m container tests/integration/test_real_vllm_host.py
+Environment: BWS_TEST_WORKERS (default 2), BWS_HOST_WORKERS (default 5), BWS_MOLECULE_SCENARIOS.
+USAGE
+}
+
+PARTS=(lint unit molecule contract host)
+declare -A WANT=()
+PYTEST_ARGS=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    pytest) WANT[pytest]=1; shift; PYTEST_ARGS=("$@"); break ;;
+    lint|unit|molecule|contract|host) WANT[$1]=1 ;;
+    *) printf 'error: unknown part %q: the parts are %s, or pytest ARGS (bash scripts/test.sh --help)\n' \
+         "$1" "${PARTS[*]}" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ ${#WANT[@]} -eq 0 ]; then for part in "${PARTS[@]}"; do WANT[$part]=1; done; fi
+want() { [ -n "${WANT[$1]:-}" ]; }  # want PART: was it asked for (or is it the whole run)
+
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -93,9 +130,11 @@ contracts_after_venvs() {  # the contract stage: waits for its venvs (in this sh
 molecule_and_contracts() {
   local rc=0 scenario
   local -a scenarios=() pids=()
-  for scenario in ${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}; do  # molecule/shared holds playbooks, no scenario
-    [ ! -f "molecule/$scenario/molecule.yml" ] || scenarios+=("$scenario")
-  done
+  if want molecule; then
+    for scenario in ${BWS_MOLECULE_SCENARIOS:-$(ls molecule)}; do  # molecule/shared holds playbooks, no scenario
+      [ ! -f "molecule/$scenario/molecule.yml" ] || scenarios+=("$scenario")
+    done
+  fi
   for scenario in "${scenarios[@]}"; do
     [ "$scenario" != default ] || continue
     stage "molecule test -s $scenario"
@@ -105,8 +144,10 @@ molecule_and_contracts() {
     stage "molecule test -s default"
     molecule_scenario default || rc=1
   fi
-  stage "contracts (beside Molecule ${scenarios[*]})"
-  contracts_after_venvs > >(sed -u 's/^/[contracts] /') 2>&1 || rc=1
+  if want contract; then
+    stage "contracts (beside Molecule ${scenarios[*]:-nothing})"
+    contracts_after_venvs > >(sed -u 's/^/[contracts] /') 2>&1 || rc=1
+  fi
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   return "$rc"
 }
@@ -138,23 +179,40 @@ await_background() {  # await_background NAME: its log, its own duration, its st
 PARALLEL=(-n "${BWS_TEST_WORKERS:-2}" --dist loadfile)
 
 run_stage bootstrap bash scripts/bootstrap.sh
-start_background image bash scripts/build-image.sh
-[ -d tests/contract ] && start_background contract-venvs nice -n 10 python tests/contract/prepare_venvs.py
-run_stage yamllint yamllint --strict .
-run_stage ruff ruff check .
-run_stage ansible-doc module_docs
-run_stage execution-environment ee_create
-# ansible-lint (about 1.3 cores for 2 minutes) runs beside the unit and integration tests, which leave part of the
-# second core idle while their playbooks and engine doubles wait; its verdict is read before anything boots a host.
-start_background ansible-lint ansible-lint --strict -q
-run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
-run_stage ansible-lint await_background ansible-lint
-run_stage image await_background image
-run_stage "molecule + contracts" molecule_and_contracts
+if want molecule || want host || want pytest; then start_background image bash scripts/build-image.sh; fi
+if [ -d tests/contract ] && { want contract || want host; }; then
+  start_background contract-venvs nice -n 10 python tests/contract/prepare_venvs.py
+fi
+if want lint; then
+  run_stage yamllint yamllint --strict .
+  run_stage ruff ruff check .
+  run_stage ansible-doc module_docs
+  run_stage execution-environment ee_create
+  # ansible-lint (about 1.3 cores for 2 minutes) runs beside the unit and integration tests, which leave part of
+  # the second core idle while their playbooks and engine doubles wait; its verdict is read before anything boots
+  # a host.
+  start_background ansible-lint ansible-lint --strict -q
+fi
+if want unit; then
+  run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
+fi
+if want lint; then run_stage ansible-lint await_background ansible-lint; fi
+if want pytest; then
+  run_stage image await_background image
+  run_stage "pytest ${PYTEST_ARGS[*]}" pytest_stage pytest-args "${PYTEST_ARGS[@]}"
+fi
+if want molecule || want host; then run_stage image await_background image; fi
+if want molecule || want contract; then run_stage "molecule + contracts" molecule_and_contracts; fi
 # Six scenario files with hosts of their own (lifecycle, faults, faults after start, proof, fleet, release scope):
 # five workers, so that the five long files start at once (xdist hands files out by test count, largest first)
 # and the short release-scope file follows the first to finish. Most of their time is spent waiting on engine
 # doubles, systemd and timeouts; the CPU-bound part is shared out by the kernel either way.
-run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-5}" --dist loadfile -m container \
-  tests/integration
+if want host; then
+  # the real-front-end hosts run on the contract venvs; without the contract part nothing has waited for them
+  if ! want contract && [ -n "${BACKGROUND[contract-venvs]:-}" ]; then
+    run_stage contract-venvs await_background contract-venvs
+  fi
+  run_stage host-scenarios pytest_stage host-scenarios -n "${BWS_HOST_WORKERS:-5}" --dist loadfile -m container \
+    tests/integration
+fi
 summary 0
