@@ -43,6 +43,9 @@ PROFILE_ENTRY_POINT = "profile"
 RESERVED_PREFIXES = ("engine_", "deploy_")
 RESERVED_NAMES = ("engine",)
 MAGIC_PREFIXES = ("ansible_", "__")
+# The example inventory's hosts (inventory/production/hosts.yml, the default of ansible.cfg): placeholders that
+# resolve nowhere. A play against them would end in "Could not resolve hostname" at its first task on the host.
+PLACEHOLDER_HOST = re.compile(r"^gpu\d+\.example\.internal$")
 
 
 @dataclass
@@ -251,6 +254,15 @@ def check_profiles(profiles: Any, schema: dict) -> tuple[dict, list[str]]:
     return normalized, messages
 
 
+def placeholder_host(host: str, inventory_file: str | None) -> list[str]:
+    """The host is the example inventory's placeholder: say which inventory that is and how to name one's own."""
+    if not PLACEHOLDER_HOST.match(host):
+        return []
+    source = inventory_file or "the example inventory"
+    return [f"{host} is a placeholder of the example inventory ({source}, the default of ansible.cfg): run with "
+            "-i <your inventory> (-i inventory/sandbox for the local sandbox), or name your GPU servers in it"]
+
+
 def missing_profile(name: str, profiles: dict, variable: str) -> list[str]:
     if name in profiles:
         return []
@@ -287,7 +299,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self._task.args
         catalog = cached_catalog(str(ROLES_DIR))
-        errors: list[str] = []
+        errors = placeholder_host(str(task_vars.get("inventory_hostname", "")), task_vars.get("inventory_file"))
 
         if args.get("variables", True):
             raw, templated = self._host_variables(task_vars)

@@ -83,3 +83,32 @@ def test_refused_before_any_task_on_the_host(runs, playbook: str) -> None:
     assert set(tasks[:-1]) <= {"Gathering Facts"} | {t for t in tasks if t.startswith("input_check : Validating")}
     recap = re.search(r"^localhost\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=1", result.stdout, re.M)
     assert recap and recap.group(2) == "0", text[-2000:]
+
+
+@pytest.fixture(scope="module")
+def unedited(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each entry point run as the README's first command would be without -i: ansible.cfg's default inventory,
+    the example one, whose host is a placeholder that resolves nowhere."""
+    work = tmp_path_factory.mktemp("unedited")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCAL_TEMP": str(work / "tmp")}
+
+    def run(playbook: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ansible-playbook", playbook], check=False, cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(ENTRY_POINTS, pool.map(run, ENTRY_POINTS), strict=True))
+
+
+@pytest.mark.parametrize("playbook", ENTRY_POINTS)
+def test_the_unedited_example_inventory_stops_at_once_naming_it_and_how_to_point_at_ones_own(unedited, playbook):
+    result = unedited[playbook]
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 2, text[-3000:] + result.stderr[-2000:]
+    example = REPO / "inventory" / "production" / "hosts.yml"
+    assert (f"gpu01.example.internal is a placeholder of the example inventory ({example}, the default of "
+            "ansible.cfg): run with -i") in text, text[-2000:]
+    assert "Could not resolve hostname" not in text and "UNREACHABLE" not in text, text[-2000:]
+    tasks = re.findall(r"^TASK \[([^\]]+)\]", result.stdout, re.MULTILINE)
+    assert tasks[-1] == "input_check : Inputs | refuse unknown and mistyped variables and invalid model profiles"

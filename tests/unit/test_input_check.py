@@ -268,3 +268,19 @@ def test_no_default_for_a_profile_key_in_roles_or_playbooks() -> None:
     offenders = [f"{f.relative_to(REPO)}:{n}" for f in files for n, line in enumerate(f.read_text().splitlines(), 1)
                  if PROFILE_KEY_DEFAULT.search(line) and "engine_service_verify" not in line]
     assert offenders == []
+
+
+def test_the_example_inventorys_hosts_are_placeholders_named_with_the_way_out():
+    example = yaml.safe_load((REPO / "inventory" / "production" / "hosts.yml").read_text())
+    hosts = list(example["all"]["children"]["gpu_servers"]["hosts"])
+    assert hosts
+    for host in hosts:
+        (message,) = ic.placeholder_host(host, "inventory/production/hosts.yml")
+        assert message.startswith(f"{host} is a placeholder of the example inventory (inventory/production/hosts.yml")
+        assert "-i <your inventory>" in message and "-i inventory/sandbox" in message
+
+
+@pytest.mark.parametrize("host", ["gpu01.internal", "gpu01.example.com", "node1", "bws-sandbox",
+                                  "xgpu01.example.internal"])
+def test_other_hosts_are_not_placeholders(host):
+    assert ic.placeholder_host(host, None) == []
