@@ -162,9 +162,14 @@ def redact(directory: Path, secrets: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    import ansible_runner  # the controller venv has it; imported late so --help works anywhere
-
-    args = parse_args(argv)
+    args = parse_args(argv)  # before importing ansible-runner: --help and usage errors work with any python3
+    try:
+        import ansible_runner
+    except ImportError:
+        print(f"ansible-runner is not installed for {sys.executable}: run `bash scripts/bootstrap.sh` once, then "
+              "`source scripts/env.sh` (it puts the project's venv first on PATH), then `python "
+              "scripts/ci_playbook.py ...`", file=sys.stderr)
+        return 2
     if not (REPO / args.playbook).is_file():
         print(f"no such playbook: {args.playbook}", file=sys.stderr)
         return 2
