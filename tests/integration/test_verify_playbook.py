@@ -222,7 +222,8 @@ def _host(double: EngineDouble, tokenizer: Path, report_root: Path, state_dir: P
         "verify_bench_min_prompts": WORKLOAD["min_prompts"],
         "verify_bench_prompts_per_concurrency": WORKLOAD["per_concurrency"],
         "verify_bench_warmup_requests": 0,
-        "verify_report_dir": str(report_root),
+        # (un-normalised, as the role's default is: the report paths it prints and publishes are normalised)
+        "verify_report_dir": f"{report_root}/unused/..",
         "verify_sharegpt_subset": str(SHAREGPT_FIXTURE),
         **extra,
     }
@@ -257,6 +258,8 @@ def test_gate_fails_at_066x_with_which_level_and_how_much(run):
     assert abs(int(percent) - (float(measured) / float(base) - 1) * 100) <= 1
     assert re.search(r"acceptance rate \d+\.\d% at concurrency 1 is below the 30\.0% minimum", run["output"])
     assert "verify gate FAILED on slow" in run["output"]
+    assert f"(report: {host_report_dir(run['reports'], 'slow')}/report.md)" in " ".join(run["output"].split())
+    assert "/unused/.." not in run["output"]
 
 
 def test_gate_passes_at_18x(run):
