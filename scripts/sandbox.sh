@@ -27,15 +27,40 @@ if [ "$(podman inspect -f '{{.State.Running}}' "$SANDBOX" 2>/dev/null)" != true 
   stage "boot $SANDBOX (systemd container standing in for a GPU server)"
   bash scripts/boot-test-host.sh "$SANDBOX"
 fi
-ansible-playbook -i inventory/sandbox tests/sandbox/prepare_host.yml >/dev/null
+# The engine test double, the bench client double and the tiny weights are put on the host again only when their
+# files changed since the host was prepared (a playbook run of several seconds otherwise, on every call).
+PREPARED_STAMP=/etc/bws-sandbox-prepared
+prepared=$(cat tests/sandbox/prepare_host.yml tests/sandbox/make_tiny_model.py tests/doubles/engine_double.py \
+             tests/doubles/bench_client_double.py | sha256sum | cut -d' ' -f1)
+if [ "$(podman exec "$SANDBOX" cat "$PREPARED_STAMP" 2>/dev/null)" != "$prepared" ]; then
+  stage "prepare $SANDBOX (the engine test double at the engines' paths, tiny weights)"
+  ansible-playbook -i inventory/sandbox tests/sandbox/prepare_host.yml >/dev/null
+  podman exec "$SANDBOX" sh -c "echo $prepared > $PREPARED_STAMP"
+fi
 
 stage "ansible-playbook -i inventory/sandbox $playbook $*"
-ansible-playbook -i inventory/sandbox "$playbook" "$@"
-cat <<TXT
+rc=0
+ansible-playbook -i inventory/sandbox "$playbook" "$@" || rc=$?
 
-Sandbox outcome: the playbook above ran for real against $SANDBOX (systemd, podman).
-The engine there is the ENGINE TEST DOUBLE, not SGLang or vLLM. Look around:
-  podman exec $SANDBOX systemctl status sglang vllm --no-pager
-  podman exec $SANDBOX python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health').status)"
-Against a real GPU server: ansible-playbook -i inventory/<yours> $playbook (see README).
-TXT
+# The outcome of this run, and where to look next: what fits the playbook that ran, and its result.
+check_mode=false
+for argument in "$@"; do case $argument in -C|--check) check_mode=true ;; esac; done
+echo
+if [ "$rc" -ne 0 ]; then
+  echo "Sandbox outcome: $playbook FAILED (ansible-playbook exit $rc); the task and the reason are above."
+elif $check_mode; then
+  echo "Sandbox outcome: $playbook ran in check mode against $SANDBOX: nothing was changed."
+else
+  echo "Sandbox outcome: $playbook ran for real against $SANDBOX (systemd, podman)."
+fi
+echo "The engine there is the ENGINE TEST DOUBLE, not SGLang or vLLM. Look around:"
+case $playbook in
+  teardown.yml|playbooks/teardown.yml)
+    echo "  podman exec $SANDBOX systemctl is-active sglang vllm      # inactive: nothing serves"
+    echo "Serve again: bash scripts/sandbox.sh (SGLang) or bash scripts/sandbox.sh deploy_vllm.yml" ;;
+  *)
+    echo "  podman exec $SANDBOX systemctl status sglang vllm --no-pager"
+    echo "  podman exec $SANDBOX python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health').status)\"" ;;
+esac
+echo "Against a real GPU server: ansible-playbook -i inventory/<yours> $playbook (see README)."
+exit "$rc"
