@@ -6,6 +6,8 @@
 
 - A throw-away private data dir; project_dir is this repository; artifacts are kept under --artifacts.
 - Progress streams to stdout (one line per task result), the playbook's own output goes to the artifacts.
+- Verify reports go under <artifacts>/<ident>/reports (-e verify_report_dir=DIR, inline or in a vars file,
+  chooses another place; an inventory's verify_report_dir does not).
 - Writes <artifacts>/summary.json (per host: ok/changed/failed/rescued/skipped/unreachable, elapsed,
   verify report path) and <artifacts>/junit.xml (one test case per host).
 - Secrets stay out of the artifacts: pass them in a vars file (-e @file, never copied), and name the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -176,7 +179,10 @@ def main(argv: list[str]) -> int:
     artifacts = Path(args.artifacts).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     ident = args.ident or datetime.now().strftime("%Y%m%dT%H%M%S")
-    cmdline = [*(f"-e @{Path(f).resolve()}" for f in args.extra_vars_file)]
+    # The verify reports go with the run's artifacts. An extra variable (it outranks the inventory's) given first, so
+    # that a vars file or an inline -e verify_report_dir, both read after it, choose another place.
+    reports = {"verify_report_dir": str(artifacts / ident / "reports")}
+    cmdline = ["-e " + shlex.quote(json.dumps(reports)), *(f"-e @{Path(f).resolve()}" for f in args.extra_vars_file)]
     if args.check:
         cmdline.append("--check --diff")
     if args.skip_tags:
