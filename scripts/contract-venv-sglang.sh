@@ -12,7 +12,8 @@
 # The venv lives in $CACHE_DIR/contract/sglang-VERSION and is rebuilt only when the recipe changes.
 #
 # Environment: BWS_CONTRACT_PYTHON (default python3.11), BWS_TORCH_CPU_INDEX (an extra index that serves
-# the '+cpu' torch wheel, for machines whose pip configuration does not provide it).
+# the '+cpu' torch wheel, for machines whose pip configuration does not provide it; PyTorch's own is
+# https://download.pytorch.org/whl/cpu).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -95,7 +96,7 @@ build() {
   mapfile -t packages < <(pinned_packages)
   log "pip install $torch ${packages[*]}"
   "${pip[@]}" install "$torch" "${packages[@]}" >&2 \
-    || die "could not install $torch and the parser packages (is a CPU torch wheel reachable? BWS_TORCH_CPU_INDEX)"
+    || die "could not install $torch and the parser packages (pip's message above); ${BWS_TORCH_CPU_INDEX:+BWS_TORCH_CPU_INDEX=$BWS_TORCH_CPU_INDEX was used. }a '+cpu' torch wheel is not on PyPI: set BWS_TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu (PyTorch's CPU wheel index) and run again"
   "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' \
     || die "$VENV got a CUDA torch; the contract venv must use the CPU build"
   log "pip install $(lock_get contract.engine_install) $(lock_get contract.engine)"

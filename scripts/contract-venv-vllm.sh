@@ -10,6 +10,9 @@
 #   contract/torch-TORCH-pyX.Y/           base venv: CPU torch + vLLM's build tools (shared by every version)
 #   contract/vllm-VERSION/                the version's venv; a .pth file puts the base's site-packages on its path
 #
+# Environment: BWS_TORCH_CPU_INDEX, an extra index that serves the '+cpu' torch wheel where pip's configuration
+# does not (PyTorch's own: https://download.pytorch.org/whl/cpu).
+#
 # vLLM pins a CUDA torch. No resolver ever sees vLLM's requirements here: the sdist is built with
 # VLLM_TARGET_DEVICE=empty, --no-build-isolation and installed with --no-deps; the few packages its parser
 # imports are installed by name, with the version ranges the sdist's requirements/common.txt gives them.
@@ -72,8 +75,11 @@ ensure_base() {
   "$CONTRACT_PYTHON" -m venv "$BASE"
   # The +cpu local label: where no CPU wheel is offered pip fails, instead of fetching the CUDA build.
   # 'setuptools<81' is vLLM's own build requirement.
-  quiet_pip "$BASE" install "torch==$TORCH_VERSION+cpu" 'setuptools<81' setuptools-scm setuptools-rust wheel \
-    packaging ninja jinja2 cmake
+  local index=()
+  [ -z "${BWS_TORCH_CPU_INDEX:-}" ] || index=(--extra-index-url "$BWS_TORCH_CPU_INDEX")
+  quiet_pip "$BASE" install "${index[@]}" "torch==$TORCH_VERSION+cpu" 'setuptools<81' setuptools-scm setuptools-rust \
+    wheel packaging ninja jinja2 cmake \
+    || die "could not install torch $TORCH_VERSION+cpu (pip's message above); ${BWS_TORCH_CPU_INDEX:+BWS_TORCH_CPU_INDEX=$BWS_TORCH_CPU_INDEX was used. }a '+cpu' torch wheel is not on PyPI: set BWS_TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu (PyTorch's CPU wheel index) and run again"
   "$BASE"/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' \
     || die "a CUDA torch was installed into $BASE; expected the CPU wheel"
   echo "$want" >"$BASE/.bws-contract-ok"
