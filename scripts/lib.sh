@@ -41,13 +41,16 @@ _managed_pythons() {
 
 # The one message bootstrap stops with when no interpreter fits; $1 = what was found instead.
 python_missing_message() {
+  local sudo="sudo "
+  [ "$EUID" -ne 0 ] || sudo=""  # root: the commands as root types them (a root shell may have no sudo)
   cat <<MSG
 no Python >= 3.12 found (the controller toolchain, ansible-core 2.21, needs it); ${1}.
 Install one, then run bootstrap again:
-  Ubuntu 24.04 (python3 is 3.12):  sudo apt install python3.12-venv
+  Ubuntu 24.04 (python3 is 3.12):  ${sudo}apt install python3.12-venv
   Debian 12 (ships 3.11; its archive has no python3.12), with uv's managed Python:
-      sudo apt install pipx && pipx install uv && ~/.local/bin/uv python install 3.12
-    or with pyenv:  pyenv install 3.12
+      ${sudo}apt install pipx && pipx install uv && ~/.local/bin/uv python install 3.12
+      (pipx from the Debian mirror, uv from PyPI; the Python itself comes from GitHub: python-build-standalone)
+    or with pyenv:  pyenv install 3.12  (built from python.org's sources; build dependencies from the Debian mirror)
   Bootstrap finds uv's and pyenv's interpreters by itself; any other: BWS_PYTHON=/path/to/python3.12
 MSG
 }

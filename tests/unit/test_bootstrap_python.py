@@ -59,9 +59,13 @@ def test_bootstrap_with_only_python_311_stops_at_once_saying_what_to_install(tmp
     message = result.stderr
     assert message.startswith("error: no Python >= 3.12 found"), message
     assert "found python3 3.11." in message
-    assert "Ubuntu 24.04 (python3 is 3.12):  sudo apt install python3.12-venv" in message
+    sudo = "" if os.geteuid() == 0 else "sudo "  # root is told the commands without sudo (it may have none)
+    assert f"Ubuntu 24.04 (python3 is 3.12):  {sudo}apt install python3.12-venv" in message
     assert "Debian 12 (ships 3.11; its archive has no python3.12)" in message
-    assert "sudo apt install pipx && pipx install uv && ~/.local/bin/uv python install 3.12" in message
+    assert f"\n      {sudo}apt install pipx && pipx install uv && ~/.local/bin/uv python install 3.12" in message
+    # what each route needs beyond PyPI and the Debian mirror
+    assert "the Python itself comes from GitHub: python-build-standalone" in message
+    assert "built from python.org's sources" in message
     assert message.count("error:") == 1
     assert not (tmp_path / "cache" / "venv").exists()
 
