@@ -23,7 +23,7 @@ description:
     again.
   - O(state=recorded) only looks the key up. O(state=proven) runs the proof when no record exists and fails,
     naming the ranks that did not finish, the IOMMU mode, the PCIe ports with ACS redirection, the
-    C(nvidia-smi topo -p2p r) matrix and the README fix, when it does not pass.
+    C(nvidia-smi topo -p2p r) matrix and the documented fix, when it does not pass.
   - The proof never runs on GPUs a serving engine holds; the caller decides when the GPUs are free.
 version_added: "0.1.0"
 author: blackwell-llm-serving authors
@@ -163,7 +163,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bws_unit_file import read_text, service_settings, unit_environment
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")
-README_FIX = "README.md, section 'Interconnect: IOMMU and ACS'"
+README_FIX = "docs/provisioning.md, section 'Interconnect: IOMMU and ACS'"
 # [Service] settings about how systemd starts, stops and restarts the engine: not for a one-shot proof.
 NOT_PASSED = {"Type", "ExecStart", "ExecStartPre", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload",
               "ExecCondition", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec", "TimeoutSec",

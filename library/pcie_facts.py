@@ -66,7 +66,7 @@ findings:
   type: list
   elements: str
 fix:
-  description: Where the README describes the fix.
+  description: Where the documentation describes the fix (docs/provisioning.md).
   returned: always
   type: str
 """

@@ -30,7 +30,7 @@ TRANSLATED_TYPES = ("DMA", "DMA-FQ")
 # lspci -vvv device header: "0000:00:01.1 PCI bridge: ..." (-D) or "00:01.1 PCI bridge: ..." (domain 0).
 _DEVICE_HEADER = re.compile(r"^(?P<bdf>(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(?P<desc>.*)$")
 _ACS_BIT = re.compile(r"([A-Za-z]+)([+-])")
-FIX_HINT = ("README.md, section 'Interconnect: IOMMU and ACS': disable ACS (BIOS, pci=noacs, or "
+FIX_HINT = ("docs/provisioning.md, section 'Interconnect: IOMMU and ACS': disable ACS (BIOS, pci=noacs, or "
             "setpci -s <port> ECAP_ACS+6.w=0000) and put the IOMMU in pass-through (iommu=pt) or off")
 
 

@@ -106,7 +106,7 @@ def test_hung_rank_fails_within_timeout_and_is_named(shipped: Path):
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("interconnect proof FAILED (gloo, 3 ranks): rank(s) ")
     assert "IOMMU mode: " in line and "ACS redirection on: " in line
-    assert "fix: README.md, section 'Interconnect: IOMMU and ACS'" in line
+    assert "fix: docs/provisioning.md, section 'Interconnect: IOMMU and ACS'" in line
 
 
 def test_mig_on_a_profile_gpu_refuses_before_any_rank_starts(shipped: Path, tmp_path: Path):

@@ -171,7 +171,7 @@ def test_interconnect_proof_runs_as_the_unit_in_the_switch_window_once_and_a_fai
     assert "interconnect proof FAILED (nccl, 1 ranks, uid " + uid + " sglang)" in flat, flat[-3000:]
     assert "rank(s) 0 did not finish within 5 s [rank 0: all_reduce 1 MiB (killed)]" in flat
     assert "ranks that did not finish: 0" in flat and "IOMMU mode: " in flat
-    assert "Fix: README.md, section 'Interconnect: IOMMU and ACS'" in flat
+    assert "Fix: docs/provisioning.md, section 'Interconnect: IOMMU and ACS'" in flat
     assert f"Rolled back: {proven_release} is serving again" in flat
     assert len(proof_runs(host)) == 2 and len(host.sh("ls /var/lib/llm-serving/interconnect/").split()) == 1
     assert host.state()["current"] == proven_release and host.health() == 200

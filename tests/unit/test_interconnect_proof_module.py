@@ -144,7 +144,7 @@ def test_the_failure_message_names_ranks_iommu_acs_ports_topo_and_the_fix():
     assert "IOMMU mode: translated (iommu_groups/*/type)" in message
     assert "PCIe ports with ACS ReqRedir+/CmpltRedir+: 0000:40:01.1 (ReqRedir+ CmpltRedir+)" in message
     assert "nvidia-smi topo -p2p r:\n \tGPU0\tGPU1\n GPU0\tX\tCNS" in message
-    assert message.endswith("Fix: README.md, section 'Interconnect: IOMMU and ACS'")
+    assert message.endswith("Fix: docs/provisioning.md, section 'Interconnect: IOMMU and ACS'")
     assert "uid 998 sglang" in message
     unchecked = json.loads(json.dumps(FAILED_REPORT))
     unchecked["diagnostics"]["pcie"]["acs"] = {"checked": False, "redirecting": [], "error": "lspci not found"}

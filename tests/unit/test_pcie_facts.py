@@ -96,7 +96,7 @@ def test_findings_name_ports_bits_and_fix():
     assert "0000:02:00.0 (ReqRedir+ CmpltRedir+)" in acs_msg and "0000:02:01.0 (CmpltRedir+)" in acs_msg
     assert "0000:00:01.1" not in acs_msg
     assert "ECAP_ACS+6.w=0000" in acs_msg
-    assert "README.md" in facts["fix"]
+    assert "docs/provisioning.md" in facts["fix"]
     clean = bws_pcie.gather(SRCVALID.read_text(), "ro iommu=pt", str(GROUPS_IDENTITY))
     assert clean["findings"] == [] and clean["acs"]["ports_with_acs"] == 2
     noacs = bws_pcie.gather(SWITCH.read_text(), "ro iommu=pt pci=noacs", str(GROUPS_IDENTITY))

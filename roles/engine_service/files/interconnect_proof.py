@@ -13,7 +13,7 @@ filled with ``rank + 1`` (float32), and checks that every element is the sum ``n
 their progress in files, so when the deadline passes the parent kills every rank still running (each rank
 runs in its own session; the whole session is killed) and names the ranks that did not finish and the step
 each was in. Failures also carry the IOMMU mode, the PCIe ports with ACS ``ReqRedir+``/``CmpltRedir+`` (via
-bws_pcie.py, shipped beside this file), ``nvidia-smi topo -p2p r`` and where the README gives the fix; a caller
+bws_pcie.py, shipped beside this file), ``nvidia-smi topo -p2p r`` and where the documentation gives the fix; a caller
 may add its own facts with ``--diagnostics FILE`` (JSON).
 
 Output: one human line on stderr, one JSON document on stdout (and in ``--json-out``). It always carries the
@@ -46,7 +46,7 @@ from typing import Any
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
 HANG_ENV = "BWS_PROOF_TEST_HANG_RANK"
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")
-README_FIX = "README.md, section 'Interconnect: IOMMU and ACS'"
+README_FIX = "docs/provisioning.md, section 'Interconnect: IOMMU and ACS'"
 
 
 # ---------------------------------------------------------------- rank side (imports torch)
