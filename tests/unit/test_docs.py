@@ -4,6 +4,7 @@ text, and every link and repository path that the README and docs/ name exists."
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,39 @@ def test_every_link_and_repository_path_named_exists(page: Path):
 def test_the_readme_links_every_docs_page():
     readme = (REPO / "README.md").read_text()
     assert [page.name for page in PAGES[1:] if f"(docs/{page.name})" not in readme] == []
+
+
+def command_lines() -> list[tuple[str, str]]:
+    """(page, command) for every line of the pages' shell blocks, comments and continuations dropped."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"```(?:sh|bash)?\n(.*?)```", page.read_text(), flags=re.S):
+            for line in block.splitlines():
+                command = line.split("  #", 1)[0].rstrip(" \\").strip()
+                if command and not line.startswith(" "):
+                    found.append((page_id(page), command))
+    return found
+
+
+def test_every_command_of_the_pages_runs_a_program_that_is_here():
+    """`bash X`, `python3 X` and `ansible-playbook ... Y.yml` name files of the repository (a playbook: a root-level
+    entry point or one under playbooks/), every repository path given as an argument exists, and the test
+    command's parts are the ones it accepts."""
+    parts = set(re.findall(r"^  (\w+) ", subprocess.run(["bash", str(REPO / "scripts" / "test.sh"), "--help"],
+                                                          capture_output=True, text=True, check=True).stdout, re.M))
+    problems = []
+    commands = command_lines()
+    for page, command in commands:
+        words = command.split()
+        if words[0] in ("bash", "python3") and words[1] != "-m" and not (REPO / words[1]).is_file():
+            problems.append(f"{page}: {command!r}: no {words[1]}")
+        if words[0] == "ansible-playbook":
+            playbooks = [word for word in words if word.endswith(".yml")]
+            problems += [f"{page}: {command!r}: no playbook {p}" for p in playbooks
+                         if not ((REPO / p).is_file() or (REPO / "playbooks" / p).is_file())]
+        if words[:2] == ["bash", "scripts/test.sh"] and len(words) > 2 and words[2] not in parts:
+            problems.append(f"{page}: {command!r}: {words[2]} is not a part of the test command")
+        problems += [f"{page}: {command!r}: no {word}" for word in words[1:]
+                     if word.startswith(tuple(d + "/" for d in TOP_DIRS)) and not word.startswith(USERS_OWN)
+                     and not (REPO / word).exists()]
+    assert len(commands) > 15 and problems == []
