@@ -190,6 +190,27 @@ def _profile_rules(profile: dict) -> list[str]:
             messages.append(f"{kind}.path must be absolute, got {profile[kind]['path']}")
     if profile.get("speculative") and not profile.get("drafter"):
         messages.append("speculative is set but drafter is null: speculation needs a drafter")
+    if profile.get("trust_remote_code"):
+        messages += _unpinned_remote_code(profile)
+    return messages
+
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _unpinned_remote_code(profile: dict) -> list[str]:
+    """trust_remote_code runs Python files of the checkpoint (the engine as its service user, the benchmark
+    client too): from the Hub only at a commit, never at a branch or tag that can move under the same name."""
+    messages = []
+    for kind in ("model", "drafter"):
+        source = (profile.get(kind) or {}).get("source") or {}
+        if source.get("type") == "hf" and not COMMIT.match(str(source.get("revision") or "")):
+            revision = f"'{source['revision']}'" if source.get("revision") else "not set (main)"
+            messages.append(
+                f"trust_remote_code is true, so the Python files of {source.get('repo')} run on the host, but "
+                f"{kind}.source.revision is {revision}, not a commit id (a branch or tag can move under the same "
+                "name): set it to the 40-character commit id whose code you reviewed (the Hub's 'Files and "
+                "versions' history)")
     return messages
 
 

@@ -10,15 +10,21 @@
   chooses another place; an inventory's verify_report_dir does not).
 - Writes <artifacts>/summary.json (per host: ok/changed/failed/rescued/skipped/unreachable, elapsed,
   verify report path) and <artifacts>/junit.xml (one test case per host).
-- Secrets stay out of the artifacts: pass them in a vars file (-e @file, never copied), and name the
-  environment variables that hold secrets with --redact-env; their values are scrubbed from every
-  artifact file as a second line of defence. Extra vars given inline are recorded by ansible-runner.
+- Secrets stay out of the artifacts: pass them in a vars file (-e @file, never copied). ansible-runner records
+  the environment it runs the playbook with (<artifacts>/<ident>/command), so it gets a minimal one: what
+  Ansible, SSH and podman need (PATH, HOME, locale, TMPDIR, SSH_AUTH_SOCK, XDG_*, ANSIBLE_*, CONTAINERS_*,
+  BWS_*, proxies), HF_TOKEN (the model store's default token), and the variables named with --pass-env or
+  --redact-env; nothing else (CI tokens stay out). As a second line of defence the values of --redact-env
+  variables, HF_TOKEN, proxy URLs and, from the vars files, sglang_api_key, vllm_api_key and
+  model_store_hf_token are scrubbed from every artifact file: verbatim, JSON- and repr-escaped and
+  base64-encoded. Extra vars given inline are recorded by ansible-runner.
 - Exit status: 0 when every host succeeded, 1 otherwise, 2 for usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -47,7 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="extra variable (value parsed as JSON when it parses); not for secrets")
     parser.add_argument("--extra-vars-file", action="append", default=[], help="vars file passed as -e @file")
     parser.add_argument("--redact-env", action="append", default=[], metavar="NAME",
-                        help="environment variable whose value is scrubbed from the artifacts")
+                        help="environment variable passed to the playbook whose value is scrubbed from the artifacts")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="environment variable passed to the playbook (not a secret: it is kept in the artifacts)")
     parser.add_argument("--ident", default=None, help="artifact sub-directory name (default: timestamp)")
     return parser.parse_args(argv)
 
@@ -149,15 +157,59 @@ def write_junit(path: Path, playbook: str, summary: dict[str, dict]) -> None:
     ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
 
 
+# What the playbook may see of the controller's environment (names, or prefixes ending in "_"); the rest stays out of
+# ansible-runner's record of it.
+PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_", "TZ", "TMPDIR", "TERM",
+              "SSH_AUTH_SOCK", "KRB5CCNAME", "VIRTUAL_ENV", "XDG_", "ANSIBLE_", "CONTAINERS_", "BWS_")
+PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+SECRET_ENV = ("HF_TOKEN",)  # model_store_hf_token's default (roles/model_store)
+SECRET_VARS = ("sglang_api_key", "vllm_api_key", "model_store_hf_token")
+
+
+def runner_environment(environ: dict[str, str], pass_env: list[str], redact_env: list[str]) -> dict[str, str]:
+    """The controller's environment cut to what the playbook needs (see PASSED_ENV) and what was named."""
+    named = set(pass_env) | set(redact_env) | set(SECRET_ENV) | set(PROXY_ENV)
+    return {name: value for name, value in environ.items()
+            if name in named or any(name == kept or (kept.endswith("_") and name.startswith(kept))
+                                    for kept in PASSED_ENV)}
+
+
+def secrets_in_vars_files(paths: list[str]) -> list[str]:
+    """The values of SECRET_VARS in plain YAML vars files (an encrypted or unreadable file gives none)."""
+    try:
+        import yaml
+    except ImportError:
+        return []
+    found = []
+    for path in paths:
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict):
+            found += [str(data[name]) for name in SECRET_VARS if isinstance(data.get(name), str | int) and data[name]]
+    return found
+
+
+def _secret_forms():
+    """module_utils/bws_redact.py: the forms a secret takes in logs and payloads (the roles' own redaction)."""
+    spec = importlib.util.spec_from_file_location("bws_redact", REPO / "module_utils" / "bws_redact.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.secret_forms
+
+
 def redact(directory: Path, secrets: list[str]) -> int:
+    secret_forms = _secret_forms()
+    forms = sorted({form for secret in secrets if secret for form in secret_forms(secret)}, key=len, reverse=True)
     scrubbed = 0
     for path in directory.rglob("*"):
         if not path.is_file():
             continue
         text = path.read_text(errors="surrogateescape")
         clean = text
-        for secret in secrets:
-            clean = clean.replace(secret, "********")
+        for form in forms:
+            clean = clean.replace(form, "********")
         if clean != text:
             path.write_text(clean, errors="surrogateescape")
             scrubbed += 1
@@ -187,9 +239,16 @@ def main(argv: list[str]) -> int:
         cmdline.append("--check --diff")
     if args.skip_tags:
         cmdline.append(f"--skip-tags {args.skip_tags}")
-    secrets = [os.environ[name] for name in args.redact_env if os.environ.get(name)]
+    environment = runner_environment(dict(os.environ), args.pass_env, args.redact_env)
+    secrets = [environment[name] for name in (*args.redact_env, *SECRET_ENV) if environment.get(name)]
+    secrets += [environment[name] for name in PROXY_ENV if "@" in environment.get(name, "")]  # user:password@
+    secrets += secrets_in_vars_files(args.extra_vars_file)
     private = Path(tempfile.mkdtemp(prefix="ci-playbook-"))
     started = time.time()
+    # ansible-runner starts from os.environ and writes what it passes into the artifacts: give it only that.
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environment)
     try:
         runner = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(REPO), playbook=args.playbook,
@@ -198,10 +257,12 @@ def main(argv: list[str]) -> int:
             artifact_dir=str(artifacts), ident=ident, suppress_env_files=True, quiet=True,
             # ansible-playbook must be on PATH: take the one beside this interpreter first.
             envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])},
+                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])},
             event_handler=print_progress,
         )
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         shutil.rmtree(private, ignore_errors=True)
     run_dir = artifacts / ident
     hosts = host_summaries(runner)

@@ -33,9 +33,10 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ROLES_DIR = REPO_ROOT / "roles"
 ENGINES = ("sglang", "vllm")
-REQUIRED_KEYS = ("engine", "version", "pinned", "python", "torch", "requirements", "bench", "contract")
+REQUIRED_KEYS = ("engine", "version", "pinned", "python", "torch", "requirements", "hashes", "bench", "contract")
 CONTRACT_KEYS = ("python", "torch", "packages", "engine", "engine_install")
 EXACT_VERSION = re.compile(r"^\d+(\.\d+)+(\.post\d+)?$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 EXACT_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?==[A-Za-z0-9.+!_-]+$")
 
 
@@ -116,6 +117,7 @@ def lock_problems(lock: dict[str, Any], path: Path) -> list[str]:
         if pins.get("torch") != str(lock["torch"]):
             problems.append(f"{path.name}: requirements pin torch=={pins.get('torch')}, "
                             f"lock says {lock['torch']}")
+        problems += hash_problems(lock, requirements, path)
     contract = lock["contract"]
     if not isinstance(contract, dict):
         problems.append(f"{path.name}: contract must be a mapping")
@@ -132,6 +134,22 @@ def lock_problems(lock: dict[str, Any], path: Path) -> list[str]:
             not {"sharegpt", "random"} <= set(bench["workloads"] or {}):
         problems.append(f"{path.name}: bench needs 'workloads' (sharegpt and random), 'options' and 'switches' "
                         "(roles/verify/filter_plugins/bench_argv.py builds the client's flags from them)")
+    return problems
+
+
+def hash_problems(lock: dict[str, Any], requirements: list[str], path: Path) -> list[str]:
+    """The engine roles install `requirements` with `uv pip sync --require-hashes`, each line carrying the
+    sha256 digests `hashes` lists under its name (scripts/lock-engine-hashes.py writes them)."""
+    hashes = lock["hashes"]
+    if not isinstance(hashes, dict):
+        return [f"{path.name}: hashes must be a mapping of requirement name to sha256 digests"]
+    names = [str(req).partition("==")[0].split("[", 1)[0] for req in requirements]
+    problems = [f"{path.name}: requirement {name} has no sha256 in hashes (python3 scripts/lock-engine-hashes.py)"
+                for name in names if not hashes.get(name)]
+    problems += [f"{path.name}: hashes of {name} hold {digest!r}, not a sha256 hex digest"
+                 for name, digests in hashes.items() for digest in (digests or []) if not SHA256.match(str(digest))]
+    problems += [f"{path.name}: hashes name {name}, which requirements do not pin"
+                 for name in hashes if name not in names]
     return problems
 
 

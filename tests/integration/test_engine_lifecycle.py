@@ -8,6 +8,7 @@ The tests share the host and run in file order; each states the host it leaves b
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from tests.integration.engine_host import REPO, EngineHost, podman
 from tests.integration.lifecycle_helpers import (
+    API_KEY,
     CONTAINER_MARKS,
     assert_api_key_nowhere,
     booted_engine_host,
@@ -26,6 +28,7 @@ from tests.integration.lifecycle_helpers import (
     main_pid,
     release,
 )
+from tests.integration.real_engine_scenario import secret_forms
 
 pytestmark = CONTAINER_MARKS
 
@@ -324,14 +327,29 @@ def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, r
     assert again.count("changed", host.name) == 0, again.stdout[-3000:]
 
 
+# Secrets of the controller's environment during the CI run: a Hub token (passed to the play: the model store's
+# default token), a variable named with --redact-env (passed), and a CI token (not named: never passed).
+CI_SECRETS = {"HF_TOKEN": "hf_LifecycleFakeToken0001xyz", "DEPLOY_SECRET": "deploy-secret-Lifecycle-0002",
+              "GITHUB_TOKEN": "ghp_LifecycleFakeCiToken0003"}
+
+
 def test_site_with_engine_vllm_in_the_inventory_deploys_and_verifies_vllm_and_ci_reports_it(host, tmp_path):
     host.write_inventory(inventory_vars(host, engine="vllm"))
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/ci_playbook.py"), "playbooks/site.yml", "-i", str(host.inventory),
-         "--artifacts", str(tmp_path), "--ident", "site", "--skip-tags", "provision"],
-        capture_output=True, text=True, check=False, cwd=REPO,
+         "--artifacts", str(tmp_path), "--ident", "site", "--skip-tags", "provision", "--redact-env", "DEPLOY_SECRET"],
+        capture_output=True, text=True, check=False, cwd=REPO, env={**os.environ, **CI_SECRETS},
     )
     assert result.returncode == 0, result.stdout[-4000:]
+    # Nothing the run keeps holds a secret, in any form; the CI token never reached the play, the others did.
+    kept = [path for path in tmp_path.rglob("*") if path.is_file()]
+    hits = [f"{path.relative_to(tmp_path)}: {name} ({form})" for path in kept for name, value in
+            {**CI_SECRETS, "API key": API_KEY}.items() for form, text in secret_forms(value).items()
+            if text in path.read_text(errors="replace")]
+    assert hits == [] and len(kept) > 20, hits
+    recorded_env = json.loads((tmp_path / "site" / "command").read_text())["env"]
+    assert "GITHUB_TOKEN" not in recorded_env
+    assert recorded_env["HF_TOKEN"] == recorded_env["DEPLOY_SECRET"] == "********"
     assert host.unit("vllm.service")["ActiveState"] == "active"
     assert host.unit("sglang.service")["ActiveState"] == "inactive"
     assert host.state()["current"].startswith("vllm-") and host.state()["status"] == "serving"

@@ -61,3 +61,51 @@ def test_a_run_without_ansible_runner_says_how_to_get_it_not_a_traceback():
     assert refused.returncode == 2
     assert "Traceback" not in refused.stderr
     assert "ansible-runner is not installed for" in refused.stderr and "source scripts/env.sh" in refused.stderr
+
+
+# --- what ansible-runner gets and keeps of the controller's environment ---------------------------------------------
+
+CONTROLLER_ENV = {
+    "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "SSH_AUTH_SOCK": "/tmp/agent",
+    "ANSIBLE_CONFIG": "/repo/ansible.cfg", "CONTAINERS_CONF": "/c.conf", "XDG_RUNTIME_DIR": "/run/user/0",
+    "BWS_CACHE_DIR": "/cache", "HF_TOKEN": "hf_secret_token_value", "https_proxy": "http://u:pw@proxy:3128",
+    "GITHUB_TOKEN": "ghp_ci_token_value", "CI_JOB_TOKEN": "glcbt-job", "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "MY_KEY": "my-key-value", "SITE": "eu-1", "LC": "not-a-locale-prefix-match", "PATHX": "no",
+}
+
+
+def test_the_runner_gets_only_what_the_playbook_needs_and_what_was_named():
+    environment = ci_playbook.runner_environment(CONTROLLER_ENV, pass_env=["SITE"], redact_env=["MY_KEY"])
+    assert environment == {name: CONTROLLER_ENV[name] for name in (
+        "PATH", "HOME", "LANG", "LC_ALL", "SSH_AUTH_SOCK", "ANSIBLE_CONFIG", "CONTAINERS_CONF", "XDG_RUNTIME_DIR",
+        "BWS_CACHE_DIR", "HF_TOKEN", "https_proxy", "MY_KEY", "SITE")}
+
+
+def test_api_keys_and_the_hub_token_of_a_vars_file_are_scrubbed(tmp_path):
+    plain = tmp_path / "secrets.yml"
+    plain.write_text("sglang_api_key: sk-one\nvllm_api_key: ''\nmodel_store_hf_token: hf_two\nother: x\n")
+    vaulted = tmp_path / "vault.yml"
+    vaulted.write_text("$ANSIBLE_VAULT;1.1;AES256\n6162\n")
+    assert ci_playbook.secrets_in_vars_files([str(plain), str(vaulted), str(tmp_path / "missing.yml")]) == [
+        "sk-one", "hf_two"]
+
+
+def test_redaction_covers_every_form_a_secret_takes(tmp_path):
+    import base64
+    import json
+    secret = 'tok"en/with\\odd+chars-0123456789'
+    files = {
+        "stdout": f"token={secret}\n",
+        "command": json.dumps({"env": {"HF_TOKEN": secret}}),
+        "slurp.json": json.dumps({"content": base64.b64encode(f"prefix {secret} suffix".encode()).decode()}),
+        "repr.txt": repr({"api_key": secret}),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert ci_playbook.redact(tmp_path, [secret]) == 4
+    core = base64.b64encode(secret.encode()).decode()[:-4]
+    for path in tmp_path.iterdir():
+        text = path.read_text()
+        assert secret not in text and json.dumps(secret)[1:-1] not in text and repr(secret)[1:-1] not in text, path
+        assert "********" in text, path
+    assert core not in "".join(p.read_text() for p in tmp_path.iterdir())

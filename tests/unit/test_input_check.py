@@ -38,6 +38,18 @@ PROFILES = {
     ]
     for inventory in ("production", "sandbox")
 }
+REVIEWED = "0123456789abcdef0123456789abcdef01234567"  # a commit id, as an edited inventory names one
+
+
+def pinned(profiles: dict) -> dict:
+    """The profiles with each Hub source of a trust_remote_code profile at a commit, as the example asks."""
+    profiles = copy.deepcopy(profiles)
+    for profile in profiles.values():
+        for kind in ("model", "drafter"):
+            source = (profile.get(kind) or {}).get("source") or {}
+            if profile.get("trust_remote_code") and source.get("type") == "hf":
+                source["revision"] = REVIEWED
+    return profiles
 
 
 def load(path: Path) -> dict:
@@ -128,16 +140,46 @@ def test_a_secret_value_is_not_echoed_in_a_type_error() -> None:
 
 @pytest.mark.parametrize("inventory", sorted(PROFILES))
 def test_the_example_profiles_pass_and_come_back_complete(inventory: str) -> None:
-    normalized, errors = ic.check_profiles(PROFILES[inventory], CATALOG.profile_schema)
+    profiles = pinned(PROFILES[inventory])
+    normalized, errors = ic.check_profiles(profiles, CATALOG.profile_schema)
     assert errors == []
     for name, profile in normalized.items():
         assert set(profile) == set(CATALOG.profile_schema), name
-        assert profile["tokenizer"] == PROFILES[inventory][name].get("tokenizer") or profile["model"]["path"]
-        assert profile["model"]["source"] == PROFILES[inventory][name]["model"]["source"], "source keys kept as given"
+        assert profile["tokenizer"] == profiles[name].get("tokenizer") or profile["model"]["path"]
+        assert profile["model"]["source"] == profiles[name]["model"]["source"], "source keys kept as given"
+
+
+def test_the_example_remote_code_profiles_wait_for_a_reviewed_commit() -> None:
+    _, errors = ic.check_profiles(PROFILES["production"], CATALOG.profile_schema)
+    assert errors == [
+        f"profile {name}: trust_remote_code is true, so the Python files of {repo} run on the host, but {kind}.source"
+        ".revision is not set (main), not a commit id (a branch or tag can move under the same name): set it to the "
+        "40-character commit id whose code you reviewed (the Hub's 'Files and versions' history)"
+        for name, kind, repo in [("kimi-k25-int4-eagle3", "model", "moonshotai/Kimi-K2.5"),
+                                 ("kimi-k25-int4-eagle3", "drafter", "AQ-MedAI/Kimi-K25-eagle3"),
+                                 ("kimi-k25-int4", "model", "moonshotai/Kimi-K2.5")]]
+
+
+@pytest.mark.parametrize(("revision", "refused"), [("main", True), ("v1.0", True), (REVIEWED.upper(), True),
+                                                    (REVIEWED[:12], True), (REVIEWED, False)])
+def test_remote_code_from_the_hub_runs_only_at_a_commit(revision: str, refused: bool) -> None:
+    profile = _kimi()
+    profile["model"]["source"]["revision"] = revision
+    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    assert bool(errors) is refused, errors
+    if refused:
+        assert errors == [f"profile kimi: trust_remote_code is true, so the Python files of moonshotai/Kimi-K2.5 "
+                          f"run on the host, but model.source.revision is '{revision}', not a commit id (a branch or "
+                          "tag can move under the same name): set it to the 40-character commit id whose code you "
+                          "reviewed (the Hub's 'Files and versions' history)"]
+    # Without remote code, or from a source the operator controls, any revision will do.
+    assert ic.check_profile("kimi", profile | {"trust_remote_code": False}, CATALOG.profile_schema)[1] == []
+    profile["model"]["source"] = {"type": "http", "url": "https://mirror.internal/kimi"}
+    assert ic.check_profile("kimi", profile, CATALOG.profile_schema)[1] == []
 
 
 def _kimi() -> dict:
-    return copy.deepcopy(PROFILES["production"]["kimi-k25-int4-eagle3"])
+    return pinned(PROFILES["production"])["kimi-k25-int4-eagle3"]
 
 
 def test_tensor_parallel_size_eight_as_a_word_is_refused_naming_profile_and_key() -> None:

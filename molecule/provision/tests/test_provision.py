@@ -188,6 +188,9 @@ def test_venv_built_offline_with_the_requirement_set(host):
 
 # --- playbook runs on the converged host -----------------------------------------------------------
 
+# six-1.17.0-py2.py3-none-any.whl, the wheel converge.yml installs with --require-hashes.
+SIX_HASHES = {"six": ["4721f391ed90541fddacab5acf947aa0d3dc7d27b2e1e8eda2be8970586c3274"]}
+
 # Each case: (role, its inputs as inventory variables of a host alias, what the refusal must say).
 REFUSALS = {
     "misspelled variable": (
@@ -222,14 +225,22 @@ REFUSALS = {
     "one venv shared by two engines": (
         "python_env",
         {"python_env_name": "vllm", "python_env_path": "/opt/provision-test/venv",
-         "python_env_requirements": ["six==1.17.0"]},
+         "python_env_requirements": ["six==1.17.0"], "python_env_hashes": SIX_HASHES},
         "/opt/provision-test/venv is the venv of 'provision-test', not 'vllm'",
     ),
     "interpreter too old or missing": (
         "python_env",
         {"python_env_name": "x", "python_env_path": "/opt/x/venv", "python_env_requirements": ["six==1.17.0"],
-         "python_env_interpreter": "/usr/bin/python3.9"},
+         "python_env_hashes": SIX_HASHES, "python_env_interpreter": "/usr/bin/python3.9"},
         "/usr/bin/python3.9 was not found; the x venv needs Python 3.11 or newer",
+    ),
+    "requirement without a hash": (
+        "python_env",
+        {"python_env_name": "x", "python_env_path": "/opt/x/venv",
+         "python_env_requirements": ["six==1.17.0", "uv==0.13.9 --hash=sha256:" + "0" * 64],
+         "python_env_hashes": {"uv": SIX_HASHES["six"]}},
+        "1 of 2 requirements of the x venv carry no sha256 hash (six==1.17.0): every file is installed with uv pip"
+        " sync --require-hashes.",
     ),
 }
 # Refused by the input check (pre_tasks), before any task of the role.
