@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import random
 import statistics
 import sys
@@ -282,8 +283,20 @@ def vllm_main(args: argparse.Namespace) -> int:
     return 0 if not outcome.errors else 1
 
 
+# Opt-in record of who ran the double (a test creates the file, world-writable, on its test host).
+RUNS_LOG = Path("/tmp/bench-client-double-runs.log")
+
+
+def record_run(flavour: str) -> None:
+    if RUNS_LOG.is_file():
+        with RUNS_LOG.open("a", encoding="utf-8") as log:
+            log.write(f"{flavour} user={pwd.getpwuid(os.geteuid()).pw_name} home={os.environ.get('HOME')} "
+                      f"cwd={os.getcwd()}\n")
+
+
 def main(argv: list[str]) -> int:
     flavour = "vllm" if argv[:2] == ["bench", "serve"] else "sglang"
+    record_run(flavour)
     args = build_parser(flavour).parse_args(argv[2:] if flavour == "vllm" else argv)
     if not Path(args.tokenizer).exists():
         # Both real clients treat a missing local path as a hub id and fail offline; so does the double.

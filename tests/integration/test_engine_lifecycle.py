@@ -221,9 +221,14 @@ def test_check_diff_on_the_serving_vllm_host_changes_nothing(host, runs):
 
 
 def test_verify_without_extra_vars_verifies_the_vllm_that_serves(host, runs):
+    host.sh("install -m 0666 /dev/null /tmp/bench-client-double-runs.log")  # the double says who ran it
     run = host.run_playbook("playbooks/verify.yml")
     runs.append(run)
     assert run.status == "successful", run.stdout[-3000:]
+    # The client (it loads the model's tokenizer) ran as the engine unit's user, in its own scratch directory.
+    clients = host.sh("cat /tmp/bench-client-double-runs.log; rm -f /tmp/bench-client-double-runs.log").splitlines()
+    assert clients and all(re.fullmatch(r"vllm user=vllm home=/var/lib/vllm cwd=/tmp/verify-bench\.\w+", line)
+                           for line in clients), clients
     current = host.state()["current"]
     assert current.startswith("vllm-")
     assert re.search(rf"bws-it-engine serves vllm \S+ release {current} \(profile sandbox-tiny-eagle3\)",
@@ -232,6 +237,18 @@ def test_verify_without_extra_vars_verifies_the_vllm_that_serves(host, runs):
     report = json.loads(reports[-1].read_text())
     assert report["engine"] == "vllm" and report["speculative"] is True, report
     assert "speculation is not running" not in run.stdout
+
+
+def test_verify_does_not_run_the_client_as_root(host, runs):
+    """A unit without User= (the engine runs as root): the benchmark client would load the model's files as root."""
+    host.sh("install -m 0666 /dev/null /tmp/bench-client-double-runs.log")
+    run = host.run_playbook("playbooks/verify.yml", extravars={"verify_unit": "systemd-journald.service"})
+    runs.append(run)
+    assert run.status == "failed", run.stdout[-3000:]
+    refusal = ("systemd-journald.service runs as root (no User= in its unit), and the benchmark client loads the "
+               "model's tokenizer (its files): verify does not run it as root.")
+    assert refusal in " ".join(run.stdout.split()), run.stdout[-3000:]
+    assert host.sh("cat /tmp/bench-client-double-runs.log; rm -f /tmp/bench-client-double-runs.log") == ""
 
 
 def test_check_diff_of_verify_changes_nothing(host, runs):

@@ -236,7 +236,9 @@ def write_serving_state(state_dir: Path, double: EngineDouble, tokenizer: Path, 
 
 def write_inventory(path: Path, hosts: dict[str, dict]) -> None:
     """Inventory of local-connection hosts in group gpu_servers (each host a scenario)."""
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    # The controller has no engine units (verify reads User= from systemd) and runs the test clients from paths
+    # only root can read: the client runs as root here, on purpose. The systemd test hosts run it as the engine's user.
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "verify_bench_user": "root"}
     inventory = {
         "all": {
             "children": {"gpu_servers": {"hosts": {name: {**common, **variables} for name, variables in hosts.items()}}}
