@@ -9,7 +9,10 @@ window (never from since-start averages):
 * vLLM:   accept rate   = d(spec_decode_num_accepted_tokens) / d(spec_decode_num_draft_tokens)
           accept length = 1 + d(spec_decode_num_accepted_tokens) / d(spec_decode_num_drafts)
 * SGLang: accept length = d(generation_tokens) / d(spec_verify_calls)   (bonus token included)
-          accept rate   = (accept length - 1) / speculative_num_steps
+          accept rate   = (accept length - 1) / (speculative_num_draft_tokens - 1)
+          as SGLang 0.5.23 divides (srt/managers/scheduler_components/metrics_reporter.py, tokenizer_manager.py:
+          correct drafts / (verify calls x (num_draft_tokens - 1))); speculative_num_steps only where the number
+          of draft tokens is unknown (the two agree when eagle_topk is 1: num_draft_tokens = num_steps + 1)
 
 Both are the same quantity: with k draft tokens per verify step, accept length = 1 + rate * k.
 SGLang exports no accepted/drafted counters (its spec_accept_rate is a "most recent" gauge), so its
@@ -154,8 +157,9 @@ def _check_engine(engine: str) -> str:
 
 
 def window_acceptance(engine: str, before: dict[str, float], after: dict[str, float],
-                      num_steps: int | None = None) -> Acceptance:
-    """Acceptance rate and length from the counter deltas between two /metrics scrapes."""
+                      num_steps: int | None = None, num_draft_tokens: int | None = None) -> Acceptance:
+    """Acceptance rate and length from the counter deltas between two /metrics scrapes (SGLang: the rate over
+    num_draft_tokens - 1 drafts per verify step, or num_steps where num_draft_tokens is unknown)."""
     _check_engine(engine)
     result = Acceptance(engine=engine)
     if not has_speculative_counters(engine, after):
@@ -179,11 +183,15 @@ def window_acceptance(engine: str, before: dict[str, float], after: dict[str, fl
         result.problem = "no verify calls over the window"
         return result
     result.length = generated / verify_calls
-    if num_steps and num_steps > 0:
+    if num_draft_tokens and num_draft_tokens > 1:
+        result.rate = (result.length - 1.0) / (num_draft_tokens - 1)
+        result.detail["num_draft_tokens"] = float(num_draft_tokens)
+    elif num_steps and num_steps > 0:
         result.rate = (result.length - 1.0) / num_steps
         result.detail["num_steps"] = float(num_steps)
     else:
-        result.problem = "speculative_num_steps unknown: the accept rate cannot be derived from the length"
+        result.problem = ("speculative_num_draft_tokens and speculative_num_steps unknown: the accept rate cannot be "
+                          "derived from the length")
     return result
 
 

@@ -27,18 +27,21 @@ INSIDE = "BWS_GPU_TEST_IN_PIDNS"
 MINOR_OF_INDEX = [2, 3, 0, 1, 6, 7, 4, 5]
 
 
-def in_new_pid_namespace(test):
-    """Run the test body in a new PID namespace (a fresh pytest process there); outside, assert it passed."""
+def in_new_pid_namespace(test, without: tuple[str, ...] = ()):
+    """Run the test body in a new PID namespace (a fresh pytest process there); outside, assert it passed.
+    `without`: capabilities dropped from the bounding set first (setpriv), so no process of the test has them."""
 
     @functools.wraps(test)
     def wrapper(*args, **kwargs):
         if os.environ.get(INSIDE) == "1":
             return test(*args, **kwargs)
-        if os.geteuid() != 0 or shutil.which("unshare") is None:
-            pytest.skip("needs root and unshare(1) for a private PID namespace")
+        if os.geteuid() != 0 or shutil.which("unshare") is None or (without and shutil.which("setpriv") is None):
+            pytest.skip("needs root, unshare(1) for a private PID namespace (and setpriv(1) to drop capabilities)")
         nodeid = f"{inspect.getfile(test)}::{test.__name__}"
+        drop = ["setpriv", "--bounding-set=" + ",".join(f"-{cap}" for cap in without)] if without else []
         proc = subprocess.run(
             [
+                *drop,
                 "unshare",
                 "--pid",
                 "--fork",

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.integration.engine_host import EngineHost
+import yaml
+
+from tests.integration.engine_host import REPO, EngineHost
 from tests.integration.lifecycle_helpers import API_KEY, deploy, main_pid
 
 # Lines only the engines' own start-up writes (the light double writes none of them): SGLang 0.5.23
@@ -32,13 +37,31 @@ def deploy_serves_from_the_real_front_end(host: EngineHost, runs: list, engine: 
     assert "ENGINE TEST DOUBLE" not in run.stdout
 
 
+# The controller's secrets while CI runs verify: a Hub token (passed to the play), a variable named with --redact-env
+# (passed), a CI token (not named: never passed), and a vars file's model-store token; the engine's API key is the
+# inventory's. None of them may be anywhere the controller keeps, nor in the engine's journal.
+CI_ENVIRONMENT = {"HF_TOKEN": "hf_RealHostFakeHubToken0001", "DEPLOY_SECRET": "deploy-secret-RealHost-0002",
+                  "GITHUB_TOKEN": "ghp_RealHostFakeCiToken0003"}
+VARS_FILE = {"model_store_hf_token": "hf_RealHostVarsFileToken0004"}
+SECRETS = {"API key": API_KEY, **CI_ENVIRONMENT, **VARS_FILE}
+
+
 def verify_passes_with_the_real_parsers(host: EngineHost, runs: list, engine: str) -> None:
-    """verify.yml on what serves: the smoke's answer comes through the engine's real kimi_k2 reasoning parser.
-    Leaves: the host as it was."""
-    run = host.run_playbook("playbooks/verify.yml")
-    runs.append(run)
-    assert run.status == "successful", run.stdout[-4000:]
-    reports = sorted((host.workdir / "reports" / host.name).glob("*/report.json"))
+    """verify.yml on what serves, as CI runs it (scripts/ci_playbook.py, ansible-runner) with every secret set:
+    the smoke's answer comes through the engine's real kimi_k2 reasoning parser. Leaves: the host as it was."""
+    secrets_file = host.workdir / "secrets.yml"
+    secrets_file.write_text(yaml.safe_dump(VARS_FILE))
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "ci_playbook.py"), "playbooks/verify.yml", "-i", str(host.inventory),
+         "--artifacts", str(host.workdir / "ci"), "--ident", "verify", "--redact-env", "DEPLOY_SECRET",
+         "--extra-vars-file", str(secrets_file)],
+        capture_output=True, text=True, check=False, cwd=REPO, env={**os.environ, **CI_ENVIRONMENT}, timeout=900,
+    )
+    secrets_file.unlink()
+    assert result.returncode == 0, result.stdout[-4000:]
+    recorded_env = json.loads((host.workdir / "ci" / "verify" / "command").read_text())["env"]
+    assert "GITHUB_TOKEN" not in recorded_env and recorded_env["HF_TOKEN"] == "********", recorded_env.keys()
+    reports = sorted((host.workdir / "ci" / "verify" / "reports" / host.name).glob("*/report.json"))
     report = json.loads(reports[-1].read_text())
     assert report["engine_is_test_double"] is False, report["test_double"]
     smoke = report["smoke"]
@@ -95,19 +118,21 @@ def secret_forms(secret: str) -> dict[str, str]:
     return forms
 
 
-def api_key_forms_the_controller_keeps(host: EngineHost, runs: list) -> list[str]:
-    """Where the controller keeps the key after the scenario's runs: verify's report folders (report, inputs,
-    bench results) and ansible-runner's artifacts (play output, events, environment), in any of its forms."""
-    kept = [path for path in (host.workdir / "reports").rglob("*") if path.is_file()]
+def secret_forms_the_controller_keeps(host: EngineHost, runs: list) -> list[str]:
+    """Where the controller keeps a secret after the scenario's runs: verify's report folders (report, inputs,
+    bench results), the CI run's artifacts and ansible-runner's (play output, events, environment), in any form."""
+    kept = [path for folder in ("reports", "ci") for path in (host.workdir / folder).rglob("*") if path.is_file()]
     kept += [path for run in runs for path in Path(run.artifact_dir).rglob("*") if path.is_file()]
+    assert len(kept) > 20, kept
     hits = []
     for path in kept:
         text = path.read_text(errors="replace")
-        hits += [f"{path.relative_to(host.workdir)} ({form})" for form, secret in secret_forms(API_KEY).items()
-                 if secret in text]
+        hits += [f"{path.relative_to(host.workdir)}: {name} ({form})" for name, value in SECRETS.items()
+                 for form, secret in secret_forms(value).items() if secret in text]
     return hits
 
 
-def api_key_forms_in_journal(host: EngineHost, engine: str) -> list[str]:
+def secret_forms_in_journal(host: EngineHost, engine: str) -> list[str]:
     journal = host.sh(f"journalctl -u {unit(engine)} --no-pager -o cat")
-    return [form for form, text in secret_forms(API_KEY).items() if text in journal]
+    return [f"{name} ({form})" for name, value in SECRETS.items() for form, text in secret_forms(value).items()
+            if text in journal]

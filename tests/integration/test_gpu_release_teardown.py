@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from gpu_helpers import (
@@ -198,3 +202,56 @@ def test_the_deploy_preflight_check_refuses_a_wedged_gpu(sim, tmp_path):
     msg = results["Holders | foreign processes on the GPUs 0, 1"]["msg"]
     assert msg.startswith("wedged GPU, needs `nvidia-smi -r` (with nothing using it) or a reboot: GPU 1 (GPU-"), msg
     assert msg.endswith("Report only: nothing was stopped, signalled or removed."), msg
+
+
+CAP_SYS_PTRACE = 19
+NESTED_ENGINE = """
+import os, sys
+os.unshare(os.CLONE_NEWPID)
+child = os.fork()
+if child:
+    print(child, flush=True)  # its PID as the test sees it (in its namespace it is 1)
+    os.waitpid(child, 0)
+    sys.exit(0)
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+os.execv("/usr/bin/python3", ["sglang::scheduler_TP0", "-c", "import time; time.sleep(600)"])
+"""
+
+
+def _without_ptrace(test):
+    return in_new_pid_namespace(test, without=("sys_ptrace",))
+
+
+@_without_ptrace
+def test_without_cap_sys_ptrace_a_nested_engine_process_of_a_service_user_is_named_foreign_and_spared(sim, tmp_path):
+    """Inside a container without CAP_SYS_PTRACE, root cannot read another user's /proc/<pid>/ns/pid: the scope
+    takes the PID namespace from NSpid: in /proc/<pid>/status, and a process it cannot place is never a target.
+    Here: an engine-titled process of an engine service user (nobody), in a PID namespace nested below teardown's."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    effective = int(next(line for line in status if line.startswith("CapEff:")).split()[1], 16)
+    assert not effective & (1 << CAP_SYS_PTRACE), "the test runs without CAP_SYS_PTRACE"
+    launcher = subprocess.Popen([sys.executable, "-c", NESTED_ENGINE], stdout=subprocess.PIPE, text=True)
+    sim.children.append(launcher)
+    nested = int(launcher.stdout.readline())
+    for _ in range(100):  # until the exec has happened
+        if Path(f"/proc/{nested}/cmdline").read_bytes().startswith(b"sglang::scheduler_TP0"):
+            break
+        time.sleep(0.05)
+    with pytest.raises(PermissionError):
+        os.readlink(f"/proc/{nested}/ns/pid")
+    try:
+        runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1,
+                                                               gpu_release_service_users=["nobody"]))
+        assert runner.rc == 0, runner.stdout.read()
+        assert alive(nested), "teardown signalled a process it could not place"
+        res = release_result(results)
+        assert res["targets"] == []
+        (foreign,) = [f for f in res["foreign"] if f["pid"] == nested]
+        assert "in another PID namespace (nested 1 level(s) below" in foreign["reason"], foreign
+        summary = results["Teardown | summary"]["msg"]
+        named = f"foreign, not signalled: {nested} sglang::scheduler_TP0"
+        assert any(line.startswith(named) for line in summary), summary
+    finally:
+        os.kill(nested, 9)

@@ -38,12 +38,13 @@ def test_failed_gate_rolls_back(host, runs):
 
 def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs):
     """vLLM reads the key from the release's environment file (VLLM_API_KEY), never from argv."""
-    assert scenario.api_key_forms_in_journal(host, ENGINE) == []
+    assert scenario.secret_forms_in_journal(host, ENGINE) == []
     assert_api_key_nowhere(host, runs)
 
 
-def test_the_controller_keeps_no_api_key(host, runs):
-    assert scenario.api_key_forms_the_controller_keeps(host, runs) == []
+def test_the_controller_keeps_no_secret(host, runs):
+    """The API key, and the secrets set for the CI run of verify (scenario.SECRETS), in no form anywhere."""
+    assert scenario.secret_forms_the_controller_keeps(host, runs) == []
 
 
 def test_teardown_stops_the_engine(host, runs):

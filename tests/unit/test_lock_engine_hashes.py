@@ -88,7 +88,7 @@ _fspec.loader.exec_module(python_env_filters)
 
 def test_each_requirement_line_gets_the_digests_of_its_name() -> None:
     a, b = "a" * 64, "b" * 64
-    lines = ["six==1.17.0", "PyYAML[extra]==6.0.3", f"uv==0.13.9 --hash=sha256:{b}", "orphan==1", "short==2"]
+    lines = ["six==1.17.0", "PyYAML[extra]==6.0.3", f"uv==0.13.9 --hash=sha256:{b}", "orphan==1", "short==2", "# v2"]
     hashes = {"six": [a, b], "PyYAML": [a], "uv": [a], "short": ["abc"]}
     assert python_env_filters.hashed_requirements(lines, hashes) == [
         f"six==1.17.0 --hash=sha256:{a} --hash=sha256:{b}",
@@ -96,6 +96,7 @@ def test_each_requirement_line_gets_the_digests_of_its_name() -> None:
         f"uv==0.13.9 --hash=sha256:{b}",  # its own options kept, the mapping's not added
         "orphan==1",  # left without: the role refuses it, naming it
         "short==2",  # a digest that is not sha256 is no hash
+        "# v2",  # a comment stays one
     ]
 
 

@@ -44,3 +44,42 @@ def test_an_empty_argv_is_refused():
 
 def test_environment_values_keep_quotes_and_percent():
     assert systemd_quote.systemd_env_value('a"b%c\\d') == 'a\\"b%%c\\\\d'
+
+
+# --- what systemd loaded, read back (systemctl show, systemd 252 of the test hosts) ---------------------------------
+
+SHOWN = """ExecStart={ path=/opt/sglang/venv/bin/sglang ; argv[]=/opt/sglang/venv/bin/sglang serve --config \
+/var/lib/llm-serving/releases/sglang-0123456789ab/config.yaml x $$HOME a b ; ignore_errors=no ; start_time=[n/a] ; \
+stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }
+User=sglang
+Group=sglang
+Description=sglang inference server (kimi)
+ActiveState=inactive
+"""
+INTENDED = {"User": "sglang", "Group": "sglang", "Description": "sglang inference server (kimi)",
+            "ExecStart": ["/opt/sglang/venv/bin/sglang", "serve", "--config",
+                          "/var/lib/llm-serving/releases/sglang-0123456789ab/config.yaml", "x", "$HOME", "a b"]}
+
+
+def test_the_loaded_unit_matches_the_release() -> None:
+    shown = systemd_quote.systemd_show(SHOWN)
+    assert shown["ActiveState"] == "inactive"
+    assert systemd_quote.unit_problems(shown, INTENDED) == []
+
+
+def test_a_value_that_became_a_directive_is_named() -> None:
+    """The injection an unchecked profile name once made: Description= ended, a root ExecStartPre= followed."""
+    injected = SHOWN.replace("Description=sglang inference server (kimi)", "Description=sglang inference server (x") + (
+        "ExecStartPre={ path=/bin/touch ; argv[]=/bin/touch /tmp/pwned ; ignore_errors=no ; start_time=[n/a] }\n")
+    problems = systemd_quote.unit_problems(systemd_quote.systemd_show(injected), INTENDED)
+    assert problems == [
+        "Description='sglang inference server (x', the release says 'sglang inference server (kimi)'",
+        "ExecStartPre='{ path=/bin/touch ; argv[]=/bin/touch /tmp/pwned ; ignore_errors=no ; start_time=[n/a] }': "
+        "the release sets no such command"]
+
+
+def test_another_command_line_or_user_is_named() -> None:
+    shown = systemd_quote.systemd_show(SHOWN.replace("User=sglang", "User=root").replace(" a b ;", " a ;"))
+    problems = systemd_quote.unit_problems(shown, INTENDED)
+    assert problems[0] == "User='root', the release says 'sglang'"
+    assert problems[1].startswith("ExecStart runs ['/opt/sglang/venv/bin/sglang serve --config ") and len(problems) == 2

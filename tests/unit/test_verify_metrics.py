@@ -87,7 +87,19 @@ def test_sglang_acceptance_length_and_rate_from_num_steps():
     assert result.rate == pytest.approx(0.4)
     unknown_steps = m.window_acceptance("sglang", before, after)
     assert unknown_steps.length == pytest.approx(2.2) and unknown_steps.rate is None
-    assert "num_steps unknown" in unknown_steps.problem
+    assert "speculative_num_draft_tokens and speculative_num_steps unknown" in unknown_steps.problem
+
+
+def test_sglang_rate_divides_by_the_draft_tokens_as_sglang_does():
+    """SGLang 0.5.23 (metrics_reporter.py, tokenizer_manager.py): correct drafts / (verify calls x (num_draft_tokens
+    - 1)). With a draft tree (eagle_topk > 1) num_draft_tokens - 1 differs from num_steps."""
+    before = {m.SGLANG_GENERATION_TOKENS: 0, m.SGLANG_VERIFY_CALLS: 0}
+    after = {m.SGLANG_GENERATION_TOKENS: 2200, m.SGLANG_VERIFY_CALLS: 1000}  # 1200 correct drafts
+    tree = m.window_acceptance("sglang", before, after, num_steps=3, num_draft_tokens=8)
+    assert tree.rate == pytest.approx(1200 / (1000 * 7)) and tree.length == pytest.approx(2.2)
+    assert tree.detail["num_draft_tokens"] == 8 and tree.problem is None
+    chain = m.window_acceptance("sglang", before, after, num_steps=3, num_draft_tokens=4)
+    assert chain.rate == pytest.approx(m.window_acceptance("sglang", before, after, num_steps=3).rate)
 
 
 def test_one_definition_for_both_engines():

@@ -407,19 +407,23 @@ def test_branch_change_moves_cleanly_and_back(host, background_runs):
     assert "590." not in host.check_output("apt-get -s dist-upgrade")
 
 
+# Another requirement set (a comment line changes its hash), installed as the converge's was: with six's hash.
+SET_V2 = json.dumps({"python_env_requirements": ["six==1.17.0", "# set v2"], "python_env_hashes": SIX_HASHES})
+
+
 def test_changed_requirement_set_is_synced_unchanged_is_not(host, background_runs):
     for future in background_runs.values():
         future.result()
     venv = ("-e", "python_env_name=provision-test", "-e", "python_env_path=/opt/provision-test/venv")
     before = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
-    changed = probe("python_env", *venv, "-e", '{"python_env_requirements": ["six==1.17.0", "# set v2"]}')
+    changed = probe("python_env", *venv, "-e", SET_V2)
     assert changed.returncode == 0, one_line(changed.stdout)[-3000:]
-    synced = r"uv pip sync\)\][^\[]*?changed: \["
+    synced = r"uv pip sync --require-hashes\)\][^\[]*?changed: \["
     assert re.search(synced, one_line(changed.stdout)), "a changed set must be synced"
     assert recap(changed)["changed"] == 3  # requirement file, uv pip sync, stamp
     after = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
     assert after["requirements_sha256"] != before["requirements_sha256"]
-    again = probe("python_env", *venv, "-e", '{"python_env_requirements": ["six==1.17.0", "# set v2"]}')
+    again = probe("python_env", *venv, "-e", SET_V2)
     assert recap(again)["changed"] == 0
     assert not re.search(synced, one_line(again.stdout)), "an unchanged set must not be reinstalled"
     assert host.check_output("/opt/provision-test/venv/bin/python -c 'import six; print(six.__version__)'") == "1.17.0"

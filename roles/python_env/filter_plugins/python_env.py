@@ -17,6 +17,9 @@ def hashed_requirements(lines: list[str], hashes: dict[str, list[str]]) -> list[
     carries --hash options keeps its own. Lines without a digest stay as they are (the role refuses them)."""
     hashed = []
     for line in lines:
+        if line.lstrip().startswith("#"):
+            hashed.append(line)
+            continue
         listed = [] if "--hash=" in line else hashes.get(requirement_name(line)) or []
         digests = [digest for digest in listed if SHA256.match(str(digest))]
         hashed.append(" ".join([line, *(f"--hash=sha256:{digest}" for digest in digests)]))

@@ -151,7 +151,8 @@ def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, dict
         if level.get("metrics_available"):
             try:
                 acceptance = metrics.window_acceptance(inputs["engine"], level["metrics_before"],
-                                                       level["metrics_after"], inputs.get("num_steps") or None)
+                                                       level["metrics_after"], inputs.get("num_steps") or None,
+                                                       inputs.get("num_draft_tokens") or None)
             except metrics.MetricsError as exc:
                 acceptance = metrics.Acceptance(engine=inputs["engine"], problem=str(exc))
         else:
@@ -215,6 +216,7 @@ def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
         "kind": "verify-report", "schema": 1, "host": inputs["host"], "engine": inputs["engine"],
         "profile": inputs["profile"], "mode": inputs["mode"], "timestamp": inputs["timestamp"],
         "speculative": inputs["speculative"], "speculative_num_steps": inputs.get("num_steps"),
+        "speculative_num_draft_tokens": inputs.get("num_draft_tokens"),
         "engine_is_test_double": inputs["test_double"]["detected"], "test_double": inputs["test_double"],
         "endpoint": {"base_url": inputs["base_url"], "served_model_name": inputs["served_model_name"]},
         "readiness": inputs.get("readiness"), "smoke": inputs.get("smoke"),
@@ -265,7 +267,9 @@ def markdown(report: dict) -> str:
     if gate.get("not_applicable"):
         verdict += f" (no gate: {gate['not_applicable']})"
     lines += [f"- **Gate: {verdict}**", f"- Mode: `{report['mode']}`, speculative: `{report['speculative']}`"
-              + (f", num_steps: {report['speculative_num_steps']}" if report["speculative_num_steps"] else ""),
+              + (f", num_steps: {report['speculative_num_steps']}" if report["speculative_num_steps"] else "")
+              + (f", num_draft_tokens: {report['speculative_num_draft_tokens']}"
+                 if report.get("speculative_num_draft_tokens") else ""),
               f"- Endpoint: `{report['endpoint']['base_url']}`, model `{report['endpoint']['served_model_name']}`",
               f"- Measured: {report['timestamp']}",
               *[f"- Workload `{name}`: {json.dumps(spec)}" for name, spec in report["workloads"].items()],
@@ -298,7 +302,8 @@ def markdown(report: dict) -> str:
               "- Speed-up: this run's `output_throughput` / baseline `output_throughput`, per concurrency.",
               f"- Accept rate and length: {SRC_WINDOW} (scraped before and after each level). "
               "vLLM: rate = Δaccepted_tokens / Δdraft_tokens, length = 1 + Δaccepted_tokens / Δdrafts. "
-              "SGLang: length = Δgeneration_tokens / Δspec_verify_calls, rate = (length − 1) / num_steps."]
+              "SGLang: length = Δgeneration_tokens / Δspec_verify_calls, rate = (length − 1) / (num_draft_tokens − 1), "
+              "as SGLang divides (num_steps where the draft tokens are unknown)."]
     extras = [(row["concurrency"], row[key]) for row in report["levels"]
               for key in ("bench_client_accept_rate", "bench_client_accept_length") if key in row]
     for level, item in extras:
