@@ -268,7 +268,10 @@ def test_gate_passes_at_18x(run):
     report = _report(run, "fast")
     assert report["gate"]["passed"] and report["gate"]["failures"] == []
     row = report["levels"][0]
-    assert row["concurrency"] == 1 and 1.4 < row["speedup"]["value"] < 2.3, row
+    # 1.8x as configured; the hosts of the play benchmark side by side on the test machine's cores (the baseline was
+    # recorded in a run of its own), which has measured as low as 1.39x on 2 loaded cores: well above the gate's 1.0x
+    # and the slow double's 0.66x either way.
+    assert row["concurrency"] == 1 and 1.2 < row["speedup"]["value"] < 2.3, row
     assert row["baseline_output_throughput"]["source"].startswith("baseline report ")
     assert report["baseline"]["warnings"] == []  # same host, profile, engine and workload as recorded
     assert [(c["check"], c["concurrency"], c["status"]) for c in report["gate"]["checks"]] == [("speed-up", 1, "pass")]
