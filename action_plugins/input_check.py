@@ -192,7 +192,28 @@ def _profile_rules(profile: dict) -> list[str]:
         messages.append("speculative is set but drafter is null: speculation needs a drafter")
     if profile.get("trust_remote_code"):
         messages += _unpinned_remote_code(profile)
+    messages += _keys_in_options(profile)
     return messages
+
+
+# The engines' key flags: secrets, given by their own no_log variables (written only into root-only files).
+KEY_FLAGS = {"sglang_options": ("api-key", "admin-api-key"), "vllm_options": ("api-key",)}
+
+
+def _keys_in_options(profile: dict) -> list[str]:
+    """A key in a profile's engine options would be kept in the inventory, release.json and every report."""
+    return [f"{options}.{flag} is a secret: set {options.split('_')[0]}_{flag.replace('-', '_')} (from a vault) "
+            "instead; options are kept in the profile, the release metadata and the reports"
+            for options, flags in KEY_FLAGS.items() for flag in flags if flag in (profile.get(options) or {})]
+
+
+def same_admin_and_api_key(given: dict[str, Any]) -> list[str]:
+    """SGLang's admin key must not be its API key: every API client would be an admin again."""
+    admin, api = given.get("sglang_admin_api_key"), given.get("sglang_api_key")
+    if admin and admin == api:
+        return ["sglang_admin_api_key equals sglang_api_key: every API client would be an SGLang admin; leave it "
+                "empty (the host makes one) or give it a value of its own"]
+    return []
 
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -330,6 +351,7 @@ class ActionModule(ActionBase):
             errors += mistyped_variables(given, catalog)
             # Strings reach unit files, config files and command lines: a control character is never meant.
             errors += [m for name, value in sorted(given.items()) for m in control_characters(value, name)]
+            errors += same_admin_and_api_key(given)
             if "engine_profile" in raw:
                 errors += bad_profile_name(str(self._templar.template(raw["engine_profile"])))
 

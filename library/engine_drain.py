@@ -14,9 +14,9 @@ description:
     C(sigterm_watchdog)), so one long request turns every C(systemctl stop) into a wait for C(TimeoutStopSec=) and
     a SIGKILL. This module sends SIGTERM to the unit's main process (SGLang answers C(/health) with 503 from then on
     and finishes what is in flight), waits up to O(timeout_s) for the unit to end, and then aborts every request
-    still in flight through SGLang's own C(POST /abort_request) with C(abort_all=true) (and the API key of the unit's
-    config), after which SGLang's drain ends and it shuts its schedulers down itself. The caller then stops the unit
-    as usual; C(TimeoutStopSec=) stays the last resort.
+    still in flight through SGLang's own C(POST /abort_request) with C(abort_all=true) (and the admin key of the
+    unit's config, or its API key where it has no admin key), after which SGLang's drain ends and it shuts its
+    schedulers down itself. The caller then stops the unit as usual; C(TimeoutStopSec=) stays the last resort.
   - Only units that run C(sglang serve --config FILE) are drained here (multi-node rank 0 or a single node; ranks > 0
     stop on rank 0's broadcast). vLLM 0.33.0 aborts in-flight requests on SIGTERM itself (C(--shutdown-timeout) 0);
     other units are left alone.
@@ -178,7 +178,8 @@ def main() -> None:
     if not is_active(unit):
         module.exit_json(changed=True, drained=True, aborted=False, elapsed_s=elapsed,
                          message=f"{unit} drained and ended {elapsed} s after SIGTERM")
-    answer = post_abort_all(abort_url(config), config.get("api-key"))
+    # /abort_request is an admin route (SGLang 0.5.23 srt/utils/auth.py): with an admin key set, only it is accepted.
+    answer = post_abort_all(abort_url(config), config.get("admin-api-key") or config.get("api-key"))
     module.exit_json(changed=True, drained=False, aborted=True, elapsed_s=elapsed,
                      message=f"{unit} still had requests in flight {bound} s after SIGTERM "
                              f"(engine_service_drain_timeout_s): "

@@ -59,7 +59,9 @@ options:
     default: []
     suboptions:
       name:
-        description: File name inside the release directory.
+        description:
+          - File name inside the release directory, or C(<directory>/<name>) one level below it (the directory is
+            created C(root:<group> 0750)), such as the dist-info directory of an engine plugin.
         type: str
         required: true
       content:
@@ -256,10 +258,24 @@ FILE_OPTIONS = {
 }
 
 
+def _plain(part: str) -> bool:
+    return part not in ("", ".", "..") and "/" not in part
+
+
+def release_subdirectories(params: dict) -> list[str]:
+    """The directories the release's file names open (`<dir>/<file>`: one level, such as a Python package's
+    dist-info directory that the engine finds on the unit's PYTHONPATH), in order."""
+    names = [entry["name"] for entry in params["secret_files"] + params["files"]]
+    return sorted({name.split("/", 1)[0] for name in names
+                   if name.count("/") == 1 and all(_plain(part) for part in name.split("/"))})
+
+
 def release_files(params: dict, release_dir: str) -> list[Wanted]:
     def wanted(entry: dict, secret: bool) -> Wanted:
-        if "/" in entry["name"] or entry["name"] in ("", ".", ".."):
-            raise ReleaseFilesError(f"file name {entry['name']!r} must be a plain name inside the release directory")
+        parts = entry["name"].split("/")
+        if len(parts) > 2 or not all(_plain(part) for part in parts):
+            raise ReleaseFilesError(f"file name {entry['name']!r} must be a plain name inside the release directory, "
+                                    "or <directory>/<name> one level below it")
         return Wanted(path=os.path.join(release_dir, entry["name"]), owner=entry.get("owner") or "root",
                       group=entry.get("group") or params["group"], mode=parse_mode(entry.get("mode") or "0640"),
                       content=entry["content"].encode(), secret=secret, validate=entry.get("validate") or "")
@@ -280,6 +296,8 @@ def directories(params: dict, release_dir: str) -> list[Wanted]:
         Wanted(path=state_dir, owner="root", group="root", mode=0o755),
         Wanted(path=os.path.join(state_dir, "releases"), owner="root", group="root", mode=0o755),
         Wanted(path=release_dir, owner="root", group=params["group"], mode=0o750),
+        *(Wanted(path=os.path.join(release_dir, name), owner="root", group=params["group"], mode=0o750)
+          for name in release_subdirectories(params)),
         *(Wanted(path=e["path"], owner=e["owner"], group=e["group"], mode=parse_mode(e["mode"]))
           for e in params["directories"]),
     ]

@@ -94,8 +94,8 @@ EXAMPLES = r"""
 RETURN = r"""
 results:
   description: >-
-    The answer per request name - status, msg, json, elapsed_s, skipped, url, and the response headers as
-    top-level keys.
+    The answer per request name - status, msg, json, elapsed_s, skipped, url, echoes_credentials (whether the
+    body holds the bearer token the request sent), and the response headers as top-level keys.
   type: dict
   returned: always
 """
@@ -147,8 +147,19 @@ def send(base_url: str, headers: dict[str, str], request: dict[str, Any]) -> dic
         body = b""
         answer.update(status=-1, msg=f"Request failed: {'timed out' if timed_out else reason}")
     answer["elapsed_s"] = round(time.monotonic() - start, 3)
+    answer["echoes_credentials"] = echoes_credentials(body, send_headers)
     answer["json"] = parsed(body, request["keep_json"]) if body else None
     return answer
+
+
+def echoes_credentials(body: bytes, sent_headers: dict[str, str]) -> bool:
+    """Whether the answer holds the bearer token the request sent, as it is or JSON-escaped (SGLang's /server_info
+    returns its api_key unless the release's key guard runs)."""
+    scheme, _, token = sent_headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return False
+    text = body.decode("utf-8", errors="replace")
+    return token in text or json.dumps(token)[1:-1] in text
 
 
 def main() -> None:

@@ -56,53 +56,28 @@ salt_created:
 
 import hashlib
 import hmac
-import os
 import re
-import secrets
-import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_host_secret import (
+    HostSecretError,
+    ensure_host_secret,
+    read_host_secret,
+    write_host_secret,
+)
 
 SALT_BYTES = 32
 
 
-class SaltError(Exception):
-    """The salt file exists but cannot be trusted."""
+SaltError = HostSecretError
 
 
 def read_salt(path: str) -> bytes | None:
     """The salt, or None when the file does not exist. Only a root-owned regular file no one else can read."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
-        raise SaltError(f"{path} must be a regular file of root's that no one else can read "
-                        f"(mode {stat.filemode(info.st_mode)}, owner uid {info.st_uid}); remove it to start a new one")
-    with open(path, "rb") as handle:
-        salt = handle.read()
-    if len(salt) != SALT_BYTES:
-        raise SaltError(f"{path} holds {len(salt)} bytes, not {SALT_BYTES}; remove it to start a new one")
-    return salt
+    return read_host_secret(path, SALT_BYTES)
 
 
-def write_salt(path: str, salt: bytes) -> None:
-    """Atomically, synced: after a power cut the file is either absent or whole."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(descriptor, salt)
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    os.rename(temporary, path)
-    directory_descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(directory_descriptor)
-    finally:
-        os.close(directory_descriptor)
+write_salt = write_host_secret
 
 
 def release_id(name: str, salt: bytes, digest: str) -> str:
@@ -124,17 +99,9 @@ def main() -> None:
     if not re.fullmatch(r"[0-9a-f]{64}", p["digest"]):
         module.fail_json(msg=f"digest must be a sha256 hex digest, got {p['digest']!r}")
     try:
-        salt = read_salt(p["salt_file"])
-    except (SaltError, OSError) as exc:
+        salt, created = ensure_host_secret(p["salt_file"], SALT_BYTES, module.check_mode)
+    except (HostSecretError, OSError) as exc:
         module.fail_json(msg=f"release salt: {exc}")
-    created = salt is None
-    if salt is None:
-        salt = secrets.token_bytes(SALT_BYTES)
-        if not module.check_mode:
-            try:
-                write_salt(p["salt_file"], salt)
-            except OSError as exc:
-                module.fail_json(msg=f"release salt: cannot write {p['salt_file']}: {exc}")
     module.exit_json(changed=created, release_id=release_id(p["name"], salt, p["digest"]), salt_created=created)
 
 

@@ -15,8 +15,8 @@
   Ansible, SSH and podman need (PATH, HOME, locale, TMPDIR, SSH_AUTH_SOCK, XDG_*, ANSIBLE_*, CONTAINERS_*,
   BWS_*, proxies), HF_TOKEN (the model store's default token), and the variables named with --pass-env or
   --redact-env; nothing else (CI tokens stay out). As a second line of defence the values of --redact-env
-  variables, HF_TOKEN, proxy URLs and, from the vars files, sglang_api_key, vllm_api_key and
-  model_store_hf_token are scrubbed from every artifact file: verbatim, JSON- and repr-escaped and
+  variables, HF_TOKEN, proxy URLs and, from the vars files, sglang_api_key, sglang_admin_api_key, vllm_api_key
+  and model_store_hf_token are scrubbed from every artifact file: verbatim, JSON- and repr-escaped and
   base64-encoded. Extra vars given inline are recorded by ansible-runner.
 - Exit status: 0 when every host succeeded, 1 otherwise, 2 for usage errors.
 """
@@ -163,7 +163,7 @@ PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "L
               "SSH_AUTH_SOCK", "KRB5CCNAME", "VIRTUAL_ENV", "XDG_", "ANSIBLE_", "CONTAINERS_", "BWS_")
 PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 SECRET_ENV = ("HF_TOKEN",)  # model_store_hf_token's default (roles/model_store)
-SECRET_VARS = ("sglang_api_key", "vllm_api_key", "model_store_hf_token")
+SECRET_VARS = ("sglang_api_key", "sglang_admin_api_key", "vllm_api_key", "model_store_hf_token")
 
 
 def runner_environment(environ: dict[str, str], pass_env: list[str], redact_env: list[str]) -> dict[str, str]:

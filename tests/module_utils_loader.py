@@ -31,3 +31,20 @@ def load_library_module(name: str) -> ModuleType:
     if str(REPO / "library") not in sys.path:
         sys.path.insert(0, str(REPO / "library"))
     return importlib.import_module(name)
+
+
+# Runs a module file as Ansible does on a target, with the repository's module_utils as ansible.module_utils.
+_MODULE_RUNNER = ("import runpy, sys, ansible.module_utils as m; m.__path__.append(sys.argv[2]); "
+                  "sys.argv = [sys.argv[1], sys.argv[3]]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_library_module_file(name: str, workdir: Path, args: dict, check_mode: bool = False) -> dict:
+    """library/<name>.py run in a child Python with `args` (its arguments file written in `workdir`); its result."""
+    import json
+    import subprocess
+
+    args_file = workdir / f"{name}.args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"_ansible_check_mode": check_mode, **args}}))
+    result = subprocess.run([sys.executable, "-c", _MODULE_RUNNER, str(REPO / "library" / f"{name}.py"),
+                             str(REPO / "module_utils"), str(args_file)], capture_output=True, text=True, check=False)
+    return json.loads(result.stdout)

@@ -12,6 +12,7 @@ tests that name an engine's own leak show it on the engine alone, as the reason 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from verify_helpers import EngineDouble
 pytestmark = pytest.mark.contract
 
 API_KEY = "sk-real-front-end-Zq7"
+ADMIN_KEY = "admin-real-front-end-Kd3"  # SGLang's admin_api_key, as the sglang role always sets one
 metrics = load_module_util("bws_metrics")
 
 
@@ -56,7 +58,7 @@ def _started(engine: str, workdir: Path, **kwargs: object) -> Iterator[RealFront
 
 @pytest.fixture(scope="module")
 def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFrontEnd]:
-    yield from _started("sglang", tmp_path_factory.mktemp("sglang"))
+    yield from _started("sglang", tmp_path_factory.mktemp("sglang"), admin_api_key=ADMIN_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +149,52 @@ def test_sglang_start_log_keeps_server_args_without_the_api_key(sglang: RealFron
     assert API_KEY not in log
 
 
-def test_sglang_server_info_returns_the_api_key_to_a_client_with_it(sglang: RealFrontEnd) -> None:
-    """Upstream behaviour the deploy works around: /server_info returns the resolved server arguments, api_key
-    included (srt/utils/common.py build_server_info), and SGLang's benchmark client saves that reply in its
-    result. So verify keeps only the numbers it uses from /server_info and from the result (library/bench_result.py);
-    the day this fails, SGLang stopped echoing the key."""
+def test_sglang_alone_publishes_its_keys_where_it_publishes_its_arguments(tmp_path: Path) -> None:
+    """Upstream behaviour the deploy works around: every place SGLang 0.5.23 publishes its server arguments
+    (/server_info, srt/utils/common.py build_server_info; the start-up line; dumps) passes them through
+    redact_watermark_secrets (srt/sampling/watermarking/core.py), which keeps api_key and admin_api_key. With the
+    release's plugin loaded by SGLang's own load_plugins() (its dist-info's entry point on PYTHONPATH, as in the
+    unit), the same function blanks them. The day the first half fails, SGLang stopped publishing the keys."""
+    release = tmp_path / "release"
+    release.mkdir()
+    for name in ("bws_sglang_guard.py", "bws_sglang_logging.py"):
+        shutil.copy(REPO_ROOT / "roles" / "sglang" / "files" / name, release)
+    shutil.copytree(REPO_ROOT / "roles" / "sglang" / "files" / "bws_sglang_guard-1.dist-info",
+                    release / "bws_sglang_guard-1.dist-info")
+    probe = ("import json, sys\n"
+             "from sglang.srt.sampling.watermarking.core import redact_watermark_secrets as alone\n"
+             "args = {'api_key': sys.argv[1], 'admin_api_key': sys.argv[2], 'port': 30000}\n"
+             "before = alone(dict(args))\n"
+             "from sglang.srt.plugins import load_plugins\n"
+             "load_plugins()\n"
+             "from sglang.srt.sampling.watermarking import core\n"
+             "print(json.dumps({'alone': before, 'with the plugin': core.redact_watermark_secrets(dict(args))}))\n")
+    result = subprocess.run([str(engine_python("sglang")), "-c", probe, API_KEY, ADMIN_KEY], capture_output=True,
+                            text=True, timeout=300, check=False, cwd=tmp_path, env={"PYTHONPATH": str(release),
+                                                                                     "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["alone"] == {"api_key": API_KEY, "admin_api_key": ADMIN_KEY, "port": 30000}
+    assert seen["with the plugin"] == {"api_key": "<redacted>", "admin_api_key": "<redacted>", "port": 30000}
+
+
+def test_sglang_server_info_keeps_the_keys_from_api_clients(sglang: RealFrontEnd) -> None:
+    """With the release's plugin (roles/sglang/files/bws_sglang_guard.py) the real /server_info answers an API
+    client without either key. (SGLang logs the plugins it ran before its logging is configured: at the default
+    WARNING level of the root logger, so no line says so; the blanked fields do.)"""
     status, body = sglang.request("/server_info")
-    assert status == 200
-    assert API_KEY in body.decode()
+    text = body.decode()
+    assert status == 200 and '"port"' in text, text[:500]
+    assert API_KEY not in text and ADMIN_KEY not in text
+    assert '"api_key":"<redacted>"' in text.replace(" ", "") and '"admin_api_key":"<redacted>"' in text.replace(" ", "")
+
+
+def test_sglang_admin_routes_take_the_admin_key_and_refuse_the_api_key(sglang: RealFrontEnd) -> None:
+    """SGLang 0.5.23 srt/utils/auth.py: with admin_api_key set, an ADMIN_OPTIONAL route (/flush_cache, and
+    /abort_request, which the deploy's drain sends) accepts only it. So API clients are not admins."""
+    assert sglang.request("/flush_cache", key=API_KEY)[0] == 401
+    assert sglang.request("/flush_cache", key=None)[0] == 401
+    assert sglang.request("/flush_cache", key=ADMIN_KEY)[0] == 200
 
 
 # One body for every POST route: the fields the OpenAI, Anthropic, SageMaker and token-in generate requests need;
@@ -469,8 +509,9 @@ def test_vllm_worker_hang_at_start_logs_the_shared_memory_warning_and_never_serv
 
 
 # --- SGLang's drain on SIGTERM and its abort: what engine_drain (library/engine_drain.py) relies on -------------------
-def _observe_drain_and_abort(base_url: str, process, served_name: str) -> dict:
-    """A long stream in flight, SIGTERM to the main process, /health, then POST /abort_request abort_all."""
+def _observe_drain_and_abort(base_url: str, process, served_name: str, admin_key: str) -> dict:
+    """A long stream in flight, SIGTERM to the main process, /health, then POST /abort_request abort_all with the
+    admin key (library/engine_drain.py sends the config's admin-api-key)."""
     import threading
     import urllib.request
 
@@ -502,7 +543,7 @@ def _observe_drain_and_abort(base_url: str, process, served_name: str) -> dict:
     time.sleep(1)
     health = _get_status(base_url + "/health")
     still_streaming = reader.is_alive()
-    abort = _post(base_url, "/abort_request", {"abort_all": True}, API_KEY)[0]
+    abort = _post(base_url, "/abort_request", {"abort_all": True}, admin_key)[0]
     reader.join(30)
     chunks = [json.loads(line[len(b"data: "):]) for line in lines
               if line.startswith(b"data: ") and line.strip() != b"data: [DONE]"]
@@ -531,13 +572,13 @@ def test_sglang_drains_on_sigterm_and_its_abort_ends_the_drain_as_the_double_doe
     """Last in this file: it ends the module's SGLang. SGLang 0.5.23 keeps serving what is in flight after SIGTERM
     (tokenizer_manager.py sigterm_watchdog), answers /health 503 while draining, and POST /abort_request ends the
     requests with finish_reason abort, after which the drain ends and the process exits."""
-    real = _observe_drain_and_abort(sglang.base_url, sglang.process, sglang.served_name)
-    double = EngineDouble(tmp_path, "double-drain", "sglang", api_key=API_KEY,
+    real = _observe_drain_and_abort(sglang.base_url, sglang.process, sglang.served_name, ADMIN_KEY)
+    double = EngineDouble(tmp_path, "double-drain", "sglang", api_key=API_KEY, options={"admin-api-key": ADMIN_KEY},
                           env={"ENGINE_DOUBLE_TOKENS_PER_S": "400"})
     try:
         double.wait_listening()
         time.sleep(0.5)
-        mirrored = _observe_drain_and_abort(double.base_url, double.process, double.served_name)
+        mirrored = _observe_drain_and_abort(double.base_url, double.process, double.served_name, ADMIN_KEY)
     finally:
         double.stop()
     assert real == {"in flight after SIGTERM": True, "health while draining": 503, "abort": 200,

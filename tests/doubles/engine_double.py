@@ -30,7 +30,9 @@ Environment (all optional):
                               garbage-output (every token is "foss", as a broken MoE kernel path answers) |
                               slow-first-request (the first generation takes ENGINE_DOUBLE_FIRST_REQUEST_S) |
                               unguarded-route (vLLM flavour: /invocations answers without the key, as vLLM
-                              0.33.0 alone does; the deploy's middleware is what refuses it)
+                              0.33.0 alone does; the deploy's middleware is what refuses it) |
+                              unguarded-server-info (SGLang flavour: /server_info returns api_key and
+                              admin_api_key, as SGLang 0.5.23 alone does; the deploy's plugin is what blanks them)
     ENGINE_DOUBLE_START_S     seconds /health answers 503 before it is ready (default 0.5)
     ENGINE_DOUBLE_FIRST_REQUEST_S  extra seconds of the first generation with slow-first-request (default 10)
     SGLANG_HEALTH_CHECK_TIMEOUT    SGLang flavour: seconds /health waits for its generation (default 20,
@@ -57,7 +59,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 DOUBLE_MARKER = "ENGINE TEST DOUBLE (not an engine)"
 VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
 FAULTS = ("none", "crash-at-start", "hang", "ignore-sigterm", "crash-after-ready", "deadlock-on-generate",
-          "garbage-output", "slow-first-request", "unguarded-route")
+          "garbage-output", "slow-first-request", "unguarded-route", "unguarded-server-info")
 # The POST routes the double serves, in its /openapi.json (FastAPI's, as both engines serve it): a few of the real
 # tables (the contract tests' parity check reads the real ones). vLLM 0.33.0 entrypoints/serve/sagemaker/
 # api_router.py registers /invocations; SGLang 0.5.23 srt/entrypoints/http_server.py /abort_request.
@@ -73,6 +75,8 @@ THINKING_BY_DEFAULT = {"kimi_k2", "kimi_k3"}
 # passes no backlog, so uvicorn.Config's 2048 applies; vLLM 0.33.0 entrypoints/openai/api_server.py the same).
 LISTEN_BACKLOG = 2048
 ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
+# The admin routes the double serves: SGLang 0.5.23 marks /abort_request ADMIN_OPTIONAL (http_server.py).
+ADMIN_ROUTES = {"sglang": ("/abort_request",), "vllm": ()}
 
 
 def parse_flat_yaml(text: str) -> dict[str, object]:
@@ -121,6 +125,7 @@ class Engine:
         self.model_path = str(options.get("model-path") or options.get("model") or "/models/unknown")
         self.served_name = str(options.get("served-model-name") or self.model_path)
         self.api_key = options.get("api-key") or os.environ.get("VLLM_API_KEY") or None
+        self.admin_api_key = options.get("admin-api-key") or None
         self.fault = os.environ.get("ENGINE_DOUBLE_FAULT", "none")
         if self.fault not in FAULTS:
             raise SystemExit(f"engine-double: unknown ENGINE_DOUBLE_FAULT {self.fault!r} (known: {FAULTS})")
@@ -304,16 +309,18 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def _authorized(self) -> bool:
-        key = self.engine.api_key
+    def _authorized(self, admin_route: bool) -> bool:
+        """SGLang 0.5.23 srt/utils/auth.py decide_request_auth: an admin route (ADMIN_OPTIONAL, /abort_request
+        among them) takes only the admin key when one is set, else the API key; the others take the API key."""
+        key = (self.engine.admin_api_key or self.engine.api_key) if admin_route else self.engine.api_key
         return not key or self.headers.get("Authorization", "") == f"Bearer {key}"
 
-    def _ready_and_authorized(self) -> bool:
+    def _ready_and_authorized(self, admin_route: bool = False) -> bool:
         """Answer 503 while starting and 401 without the key, as the engines do; True when neither applies."""
         if not self.engine.ready:
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "server is starting"})
             return False
-        if not self._authorized():
+        if not self._authorized(admin_route):
             self._send(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized"})
             return False
         return True
@@ -358,7 +365,8 @@ class Handler(BaseHTTPRequestHandler):
         # vLLM 0.33.0 checks the key only under /v1, /v2, /inference and /cohere
         # (entrypoints/serve/middleware/authenticate.py): its /invocations serves without it.
         unguarded = self.engine.fault == "unguarded-route" and path == "/invocations" and self.engine.ready
-        if not unguarded and not self._ready_and_authorized():
+        admin_route = path in ADMIN_ROUTES[self.engine.flavour]
+        if not unguarded and not self._ready_and_authorized(admin_route):
             return
         length = int(self.headers.get("Content-Length", "0"))
         try:
@@ -443,7 +451,10 @@ class Handler(BaseHTTPRequestHandler):
                                     "memory_usage": {"weight": 0.0, "kvcache": 0.0}}
         if engine.spec_steps:
             state["avg_spec_accept_length"] = engine.avg_accept_length()
-        info = {k.replace("-", "_"): v for k, v in engine.options.items() if k != "api-key"}
+        info = {k.replace("-", "_"): v for k, v in engine.options.items() if k not in ("api-key", "admin-api-key")}
+        if engine.fault == "unguarded-server-info":
+            # SGLang 0.5.23 srt/utils/common.py build_server_info: server_args.resolved_dict(), keys included.
+            info.update(api_key=engine.api_key, admin_api_key=engine.admin_api_key)
         info.update({"internal_states": [state], "version": VERSIONS["sglang"],
                      "test_double": DOUBLE_MARKER})
         return info

@@ -118,21 +118,32 @@ def secret_forms(secret: str) -> dict[str, str]:
     return forms
 
 
-def secret_forms_the_controller_keeps(host: EngineHost, runs: list) -> list[str]:
+def host_made_secrets(host: EngineHost, engine: str) -> dict[str, str]:
+    """The secrets the host made itself: SGLang's admin key (library/host_secret.py: 32 bytes kept root 0600, used as
+    their URL-safe base64 without padding)."""
+    if engine != "sglang":
+        return {}
+    raw = base64.b64decode(host.sh("base64 -w0 /var/lib/llm-serving/sglang-admin-api-key").strip())
+    assert len(raw) == 32, "the host made no admin key"
+    return {"SGLang admin key": base64.urlsafe_b64encode(raw).decode().rstrip("=")}
+
+
+def secret_forms_the_controller_keeps(host: EngineHost, runs: list, engine: str) -> list[str]:
     """Where the controller keeps a secret after the scenario's runs: verify's report folders (report, inputs,
     bench results), the CI run's artifacts and ansible-runner's (play output, events, environment), in any form."""
     kept = [path for folder in ("reports", "ci") for path in (host.workdir / folder).rglob("*") if path.is_file()]
     kept += [path for run in runs for path in Path(run.artifact_dir).rglob("*") if path.is_file()]
     assert len(kept) > 20, kept
+    secrets = {**SECRETS, **host_made_secrets(host, engine)}
     hits = []
     for path in kept:
         text = path.read_text(errors="replace")
-        hits += [f"{path.relative_to(host.workdir)}: {name} ({form})" for name, value in SECRETS.items()
+        hits += [f"{path.relative_to(host.workdir)}: {name} ({form})" for name, value in secrets.items()
                  for form, secret in secret_forms(value).items() if secret in text]
     return hits
 
 
 def secret_forms_in_journal(host: EngineHost, engine: str) -> list[str]:
     journal = host.sh(f"journalctl -u {unit(engine)} --no-pager -o cat")
-    return [f"{name} ({form})" for name, value in SECRETS.items() for form, text in secret_forms(value).items()
-            if text in journal]
+    return [f"{name} ({form})" for name, value in {**SECRETS, **host_made_secrets(host, engine)}.items()
+            for form, text in secret_forms(value).items() if text in journal]

@@ -99,6 +99,13 @@ def test_deploy_sglang_serves(host, runs):
     config = host.sh(f"cat /var/lib/llm-serving/releases/{state['current']}/config.yaml")
     assert "NOT checked by SGLang's parser: sglang_argcheck was false" in config
     assert "checked it with the installed SGLang's own parser" not in config
+    # SGLang's admin key, made by the host (library/host_secret.py), and the plugin that keeps it out of
+    # /server_info, found by SGLang through its dist-info directory in the release.
+    assert host.sh("stat -c '%U %a %s' /var/lib/llm-serving/sglang-admin-api-key") == "root 600 32"
+    assert re.search(r'^admin-api-key: "[A-Za-z0-9_-]{43}"$', config, re.M), config
+    dist_info = f"/var/lib/llm-serving/releases/{state['current']}/bws_sglang_guard-1.dist-info"
+    assert host.sh(f"stat -c '%U:%G %a' {dist_info}") == "root:sglang 750"
+    assert "bws_sglang_guard = bws_sglang_guard:register" in host.sh(f"cat {dist_info}/entry_points.txt")
 
 
 def test_second_deploy_changes_nothing(host, runs):

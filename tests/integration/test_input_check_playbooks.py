@@ -32,6 +32,8 @@ REFUSED = {
     # ran the injected ExecStartPre= as root).
     "engine_profile": "x\n[Service]\nExecStartPre=+/bin/touch /tmp/pwned",
     "sglang_extra_environment": {"X": "1\nExecStartPre=+/bin/true"},
+    "sglang_api_key": "same-Key-1",
+    "sglang_admin_api_key": "same-Key-1",
 }
 EXPECTED = [
     *(f"unknown variable {role}_bogus: not an option of role {role}" for role in ROLES),
@@ -42,6 +44,7 @@ EXPECTED = [
     "engine_profile holds control characters (U+000A)",
     "profile name 'x\\n[Service]\\nExecStartPre=+/bin/touch /tmp/pwned' is not a plain name",
     "sglang_extra_environment.X holds control characters (U+000A)",
+    "sglang_admin_api_key equals sglang_api_key: every API client would be an SGLang admin",
 ]
 
 
@@ -78,6 +81,7 @@ def test_refused_before_any_task_on_the_host(runs, playbook: str) -> None:
     assert result.returncode == 2, text[-3000:] + result.stderr[-2000:]
     for message in EXPECTED:
         assert message in text, message
+    assert "same-Key-1" not in result.stdout + result.stderr, "a key given as a no_log variable is never shown"
     tasks = re.findall(r"^TASK \[([^\]]+)\]", result.stdout, re.MULTILINE)
     assert tasks[-1] == "input_check : Inputs | refuse unknown and mistyped variables and invalid model profiles"
     assert set(tasks[:-1]) <= {"Gathering Facts"} | {t for t in tasks if t.startswith("input_check : Validating")}

@@ -44,7 +44,7 @@ def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs)
 
 def test_the_controller_keeps_no_secret(host, runs):
     """The API key, and the secrets set for the CI run of verify (scenario.SECRETS), in no form anywhere."""
-    assert scenario.secret_forms_the_controller_keeps(host, runs) == []
+    assert scenario.secret_forms_the_controller_keeps(host, runs, ENGINE) == []
 
 
 def test_teardown_stops_the_engine(host, runs):

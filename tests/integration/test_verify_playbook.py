@@ -36,6 +36,7 @@ GATED = [1]
 WORKLOAD = {"input_len": 16, "output_len": 32, "min_prompts": 4, "per_concurrency": 2}
 VLLM_KEY = "vk-Secret-123!$q"
 UNENFORCED_KEY = "never-Enforced-KEY-42"
+ECHOED_KEY = "sk-Echoed-By-Server-Info-7"
 PRE_WINDOW_REQUESTS = 150
 KIMI_PARSERS = {"reasoning-parser": "kimi_k2", "tool-call-parser": "kimi_k2"}
 # The smoke request and check before thinking was turned off (roles/verify/tasks/smoke.yml until then).
@@ -93,12 +94,15 @@ def run(tmp_path_factory: pytest.TempPathFactory):
         "vthinking": EngineDouble(work, "vthinking", "vllm", options=KIMI_PARSERS),
         "garbage": EngineDouble(work, "garbage", options=KIMI_PARSERS, env={"ENGINE_DOUBLE_FAULT": "garbage-output"}),
         "deadlock": EngineDouble(work, "deadlock", "vllm", env={"ENGINE_DOUBLE_FAULT": "deadlock-on-generate"}),
+        # SGLang without the release's key guard: /server_info returns the keys to an API client.
+        "echo_key": EngineDouble(work, "echo_key", api_key=ECHOED_KEY, options={"admin-api-key": "admin-Echoed-8"},
+                                 env={"ENGINE_DOUBLE_FAULT": "unguarded-server-info"}),
     }
     try:
         for double in doubles.values():
             double.wait_listening()
         for name in ("base", "slow", "fast", "unmeasured", "vllm", "open_route", "thinking", "vthinking", "garbage",
-                     "deadlock"):
+                     "deadlock", "echo_key"):
             _wait_healthy(doubles[name])
         # The recorded baseline: the same bench client against the double without speculation.
         baseline = {
@@ -146,6 +150,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                 ("no_baseline", "unmeasured", {}),
                 ("open_key", "base", {"verify_mode": "smoke", "sglang_api_key": UNENFORCED_KEY}),
                 ("open_route", "open_route", {"verify_mode": "smoke", "vllm_api_key": VLLM_KEY}),
+                ("echo_key", "echo_key", {"verify_mode": "smoke", "sglang_api_key": ECHOED_KEY}),
                 (
                     "hang",
                     "hang",
@@ -387,6 +392,16 @@ def test_every_post_route_of_the_route_table_is_asked_without_the_key(run):
     assert "1 of 5 POST routes of http://127.0.0.1:" in flat, flat[-3000:]
     assert "/invocations answered HTTP 422. Whoever reaches the port can use them without the key." in flat
     assert "--middleware bws_vllm_auth.RequireApiKey" in flat
+
+
+def test_a_server_info_that_returns_the_key_fails_the_gate_without_showing_it(run):
+    """SGLang 0.5.23 alone returns api_key and admin_api_key from /server_info; the release's plugin blanks them and
+    fails open inside SGLang, so verify checks the outcome. The play output names the cause, not the key."""
+    assert _recap(run["output"], "echo_key")["failed"] == 1
+    flat = " ".join(run["output"].split())
+    assert "/server_info returned the API key to an API client" in flat, flat[-3000:]
+    assert "bws_sglang_guard" in flat
+    assert ECHOED_KEY not in run["output"] and "admin-Echoed-8" not in run["output"]
 
 
 def test_baseline_mode_writes_a_baseline_to_pass_back(run):

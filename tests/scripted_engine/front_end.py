@@ -56,12 +56,12 @@ class RealFrontEnd:
     """One engine process: SGLang with a YAML config (`serve --config`), vLLM with `serve MODEL` argv."""
 
     def __init__(self, python: Path, workdir: Path, name: str, flavour: str, *, speculative: bool = False,
-                 api_key: str | None = None, env: dict[str, str] | None = None, num_steps: int = 3,
-                 options: dict[str, object] | None = None, deploy_guards: bool = True) -> None:
+                 api_key: str | None = None, admin_api_key: str | None = None, env: dict[str, str] | None = None,
+                 num_steps: int = 3, options: dict[str, object] | None = None, deploy_guards: bool = True) -> None:
         self.name, self.flavour, self.port = name, flavour, free_port()
         self.speculative, self.num_steps = speculative, num_steps
         self.served_name = f"{name}-model"
-        self.api_key = api_key
+        self.api_key, self.admin_api_key = api_key, admin_api_key
         self.log = workdir / f"{name}.log"
         self.base_url = f"http://127.0.0.1:{self.port}"
         model, drafter = make_models(workdir / "models")
@@ -84,8 +84,9 @@ class RealFrontEnd:
 
     def _deploy_guards(self, release_dir: Path, args: list[str]) -> dict[str, str]:
         """What the engine roles add around the engine, from their own files, into a stand-in release directory
-        (on PYTHONPATH as in the unit): SGLang's logging configuration with the filter that redacts the keys; with a
-        key, vLLM's middleware that guards every route. Returns the environment; extends `args` in place."""
+        (on PYTHONPATH as in the unit): SGLang's logging configuration with the filter that redacts the keys and its
+        plugin that blanks them in /server_info (found through its dist-info's entry point); with a key, vLLM's
+        middleware that guards every route. Returns the environment; extends `args` in place."""
         release_dir.mkdir(parents=True, exist_ok=True)
         guards: dict[str, str] = {"PYTHONPATH": str(release_dir)}
         if self.flavour == "sglang":
@@ -94,6 +95,9 @@ class RealFrontEnd:
             template = (ROLES / "sglang" / "templates" / "sglang-logging.json.j2").read_text(encoding="utf-8")
             (release_dir / "logging.json").write_text(jinja2.Template(template).render(sglang_logging_level="info"))
             shutil.copy(ROLES / "sglang" / "files" / "bws_sglang_logging.py", release_dir)
+            shutil.copy(ROLES / "sglang" / "files" / "bws_sglang_guard.py", release_dir)
+            shutil.copytree(ROLES / "sglang" / "files" / "bws_sglang_guard-1.dist-info",
+                            release_dir / "bws_sglang_guard-1.dist-info", dirs_exist_ok=True)
             guards["SGLANG_LOGGING_CONFIG_PATH"] = str(release_dir / "logging.json")
         elif self.api_key:
             shutil.copy(ROLES / "vllm" / "files" / "bws_vllm_auth.py", release_dir)
@@ -112,6 +116,8 @@ class RealFrontEnd:
                            "speculative-num-draft-tokens": self.num_steps + 1})
         if self.api_key:
             config["api-key"] = self.api_key
+        if self.admin_api_key:
+            config["admin-api-key"] = self.admin_api_key
         config.update(options or {})
         path = workdir / f"{self.name}.yaml"
         path.write_text("".join(f"{key}: {json.dumps(value)}\n" for key, value in config.items()), encoding="utf-8")

@@ -182,6 +182,24 @@ def _kimi() -> dict:
     return pinned(PROFILES["production"])["kimi-k25-int4-eagle3"]
 
 
+def test_an_engine_key_in_a_profiles_options_is_refused_naming_the_variable_to_use() -> None:
+    profile = _kimi() | {"sglang_options": {"api-key": "sk-1", "admin-api-key": "adm-2"},
+                         "vllm_options": {"api-key": "sk-3"}}
+    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    tail = "(from a vault) instead; options are kept in the profile, the release metadata and the reports"
+    assert errors == [f"profile kimi: sglang_options.api-key is a secret: set sglang_api_key {tail}",
+                      f"profile kimi: sglang_options.admin-api-key is a secret: set sglang_admin_api_key {tail}",
+                      f"profile kimi: vllm_options.api-key is a secret: set vllm_api_key {tail}"]
+    assert not any(value in " ".join(errors) for value in ("sk-1", "adm-2", "sk-3"))
+
+
+@pytest.mark.parametrize(("admin", "refused"), [("same-Key-1", True), ("", False), ("other-Key-2", False)])
+def test_sglang_admin_key_must_not_be_the_api_key(admin: str, refused: bool) -> None:
+    errors = ic.same_admin_and_api_key({"sglang_api_key": "same-Key-1", "sglang_admin_api_key": admin})
+    assert errors == (["sglang_admin_api_key equals sglang_api_key: every API client would be an SGLang admin; leave "
+                       "it empty (the host makes one) or give it a value of its own"] if refused else [])
+
+
 def test_tensor_parallel_size_eight_as_a_word_is_refused_naming_profile_and_key() -> None:
     profile = _kimi() | {"tensor_parallel_size": "eight"}
     normalized, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)

@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-MODULE = Path(__file__).resolve().parents[2] / "library" / "release_id.py"
-_spec = importlib.util.spec_from_file_location("release_id", MODULE)
-assert _spec and _spec.loader
-release_id = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(release_id)
+from tests.module_utils_loader import load_library_module, run_library_module_file
+
+release_id = load_library_module("release_id")
 
 DIGEST = hashlib.sha256(b"unit text + files, API key included").hexdigest()
 
 
 def run_module(tmp_path: Path, check_mode: bool = False, **args) -> dict:
-    args_file = tmp_path / "args.json"
-    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"_ansible_check_mode": check_mode, **args}}))
-    result = subprocess.run([sys.executable, str(MODULE), str(args_file)], capture_output=True, text=True, check=False)
-    return json.loads(result.stdout)
+    return run_library_module_file("release_id", tmp_path, args, check_mode)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the salt must be root's; the test writes it as the running user")
