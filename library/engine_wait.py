@@ -20,8 +20,9 @@ description:
   - With I(unit) and I(stall_timeout_s), the wait also ends when the unit writes no new journal line for
     I(stall_timeout_s) while it is not ready (a deadlocked engine looks like a loading one to C(/health)).
     Lines matching I(progress_ignore) are the engine's echo of these very probes (access log lines of
-    C(/health), SGLang's "Health check failed") and are not progress; a slow 503 is "not ready", never
-    "still loading".
+    C(/health), SGLang's "Health check failed") or say that it is still waiting (vLLM's "No available shared
+    memory broadcast block found", logged every 60 s while a worker hangs) and are not progress; a slow 503 is
+    "not ready", never "still loading".
   - Read-only, so it runs in check mode too (a task that must not, sets C(check_mode) or C(when)).
 options:
   url:
@@ -59,7 +60,8 @@ options:
     description: Regular expressions (searched in each journal message) of lines that are not progress.
     type: list
     elements: str
-    default: ['"GET /health', '"GET /ready', 'Health check failed', 'Health check request received']
+    default: ['"GET /health', '"GET /ready', 'Health check failed', 'Health check request received',
+              'No available shared memory broadcast block found']
   redact:
     description:
       - Secrets (the engine's API key) masked in the journal tail before it is returned, in every form a log
@@ -141,7 +143,11 @@ CURSOR_PREFIX = "-- cursor: "
 TEST_DOUBLE_HEADER = "x-engine-test-double"
 # The engines' echo of our own probes: uvicorn's access lines (both engines), SGLang 0.5.23's health-check
 # failure and shutdown lines (srt/entrypoints/http_server.py `health_generate`), the test double's access line.
-DEFAULT_PROGRESS_IGNORE = ['"GET /health', '"GET /ready', "Health check failed", "Health check request received"]
+# The echoes of our own probes, and lines an engine writes while it waits on something that does not come: vLLM 0.33.0
+# logs "No available shared memory broadcast block found in 60 seconds" every 60 s while a worker hangs at start
+# (vllm/distributed/device_communicators/shm_broadcast.py LONG_WAIT_TIME_LOG_MSG): a stalled start, not progress.
+DEFAULT_PROGRESS_IGNORE = ['"GET /health', '"GET /ready', "Health check failed", "Health check request received",
+                           "No available shared memory broadcast block found"]
 
 
 def probe(url: str, timeout: float) -> str:

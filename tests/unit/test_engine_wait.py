@@ -130,6 +130,24 @@ def test_a_unit_whose_only_output_is_the_echo_of_our_probes_has_stalled(endpoint
     assert result["journal"] == ["tail of sglang.service"]
 
 
+# vLLM 0.33.0 vllm/distributed/device_communicators/shm_broadcast.py LONG_WAIT_TIME_LOG_MSG, as a worker that hangs
+# at start makes the engine log it (every VLLM_RINGBUFFER_WARNING_INTERVAL, 60 s by default).
+VLLM_STILL_WAITING = ("(EngineCore_DP0 pid=812) INFO 12-03 10:01:00 [shm_broadcast.py:542] No available shared memory "
+                      "broadcast block found in 60 seconds. This typically happens when some processes are hanging or "
+                      "doing some time-consuming work (e.g. compilation, weight/kv cache quantization).")
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.2)], indirect=True)
+def test_vllms_still_waiting_warning_is_not_progress(endpoint, capsys, systemd):
+    """A hung vLLM start logs only that it still waits: the stall bound ends it, not the readiness timeout."""
+    systemd.batches = [[VLLM_STILL_WAITING]] * 500
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=60, stall_timeout_s=2,
+                             interval_s=0.2)
+    assert code == 1 and result["stalled"] is True, result["msg"]
+    assert 2 <= took <= 2 * 1.1 + 0.3
+    assert "stalled: vllm.service wrote no journal line and was not ready for" in result["msg"]
+
+
 @pytest.mark.parametrize("endpoint", [("slow503", 0.2)], indirect=True)
 def test_journal_output_is_progress_and_the_timeout_still_holds(endpoint, capsys, systemd):
     systemd.batches = [["Loading safetensors checkpoint shards: 12/64"]] * 500
