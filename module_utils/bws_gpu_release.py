@@ -814,6 +814,11 @@ def classify_holders(
     A compute user is a process nvidia-smi lists as a compute app. Only where that list cannot be used
     (no nvidia-smi, or it names PIDs of another PID namespace) an open ``nvidia-uvm`` stands in for it:
     on driver 580 an NVML-only client opens ``nvidia-uvm`` too, so that fallback over-reports.
+
+    Where that list is used, a compute app holds the GPUs it has memory on. The device files of other GPUs that
+    it has open are its peer-to-peer mappings (CUDA opens a peer GPU's device file for P2P access, as a
+    tensor-parallel job on GPUs 4-7 of a PCIe box does): it is listed on those GPUs as a ``peer``, not as a
+    holder of them. Our own engines (targets) stay holders of every GPU whose file they hold.
     """
     me_chain = {os.getpid()} | ancestors(os.getpid(), procs)
     spared_pids = {s["pid"] for s in spared}
@@ -822,7 +827,9 @@ def classify_holders(
         minors, uvm, any_dev = device_files(proc, dev_dir)
         if not any_dev and proc.pid not in app_mem:
             continue
-        held = sorted(m for m in minors | set(app_mem.get(proc.pid, {})) if m in table)
+        # Our engines keep every GPU whose file they hold: a GPU is not released until they let go of it.
+        held, peers = held_and_peer_gpus(proc.pid, minors, app_mem, table,
+                                         apps_authoritative and proc.pid not in targets)
         compute = proc.pid in app_mem if apps_authoritative else (uvm or proc.pid in app_mem)
         if proc.pid in targets:
             role = "target"
@@ -850,7 +857,19 @@ def classify_holders(
         for m in held:
             used = app_mem.get(proc.pid, {}).get(m)
             table[m]["holders"].append({**proc.brief(), "role": role, "compute": compute, "used_mib": used})
+        for m in peers:
+            table[m]["holders"].append({**proc.brief(), "role": "peer", "compute": False, "used_mib": None})
     return foreign
+
+
+def held_and_peer_gpus(pid: int, minors: set[int], app_mem: dict[int, dict[int, int]],
+                       table: dict[int, dict[str, Any]], apps_authoritative: bool) -> tuple[list[int], list[int]]:
+    """(selected GPUs the process holds, selected GPUs whose device file it has open only as a peer). Without an
+    authoritative compute-app list every open device file counts as held."""
+    used = set(app_mem.get(pid, {}))
+    if apps_authoritative and pid in app_mem:
+        return sorted(m for m in used if m in table), sorted(m for m in minors - used if m in table)
+    return sorted(m for m in minors | used if m in table), []
 
 
 def verify_gpus(

@@ -707,3 +707,22 @@ def test_what_cannot_be_read_about_a_process_makes_it_not_a_target(engine: pf.Pr
         scope = scope_of(params, {})
         scope.pidns_depth = None if engine.pidns_depth is None else 1
         assert scope.out_of_scope(engine) == why
+
+
+def test_a_compute_apps_peer_device_files_do_not_make_it_a_holder_of_those_gpus():
+    """A tensor-parallel job with memory on GPU 0 has GPU 1's device file open for peer-to-peer access: nvidia-smi
+    lists it on GPU 0 only, so it is a holder (here foreign) of GPU 0 and a `peer` on GPU 1."""
+    job = proc(70, 1, ["python3", "train.py"],
+               fds=["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1"])
+    table = {m: {"index": m, "uuid": f"GPU-{m}", "bus_id": None, "minor": m, "holders": []} for m in (0, 1)}
+    foreign = gpu_release.classify_holders(procs={70: job}, table=table, app_mem={70: {0: 4096}}, targets={},
+                                           spared=[], dev_dir="/dev", protected=[], apps_authoritative=True,
+                                           foreign_by_pid={})
+    assert [f["gpus"] for f in foreign] == [[0]]
+    assert [(h["pid"], h["role"], h["used_mib"]) for h in table[0]["holders"]] == [(70, "foreign", 4096)]
+    assert [(h["pid"], h["role"], h["compute"]) for h in table[1]["holders"]] == [(70, "peer", False)]
+    # Without nvidia-smi's list (another PID namespace, no driver) every open device file still counts as held.
+    table = {m: {"index": m, "uuid": f"GPU-{m}", "bus_id": None, "minor": m, "holders": []} for m in (0, 1)}
+    foreign = gpu_release.classify_holders(procs={70: job}, table=table, app_mem={}, targets={}, spared=[],
+                                           dev_dir="/dev", protected=[], apps_authoritative=False, foreign_by_pid={})
+    assert [f["gpus"] for f in foreign] == [[0, 1]]
