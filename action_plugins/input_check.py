@@ -192,19 +192,21 @@ def _profile_rules(profile: dict) -> list[str]:
         messages.append("speculative is set but drafter is null: speculation needs a drafter")
     if profile.get("trust_remote_code"):
         messages += _unpinned_remote_code(profile)
-    messages += _keys_in_options(profile)
+    messages += keys_in_options({name: profile.get(name) for name in ("sglang_options", "vllm_options")}, "the profile")
     return messages
 
 
 # The engines' key flags: secrets, given by their own no_log variables (written only into root-only files).
-KEY_FLAGS = {"sglang_options": ("api-key", "admin-api-key"), "vllm_options": ("api-key",)}
+KEY_FLAGS = {"sglang": ("api-key", "admin-api-key"), "vllm": ("api-key",)}
 
 
-def _keys_in_options(profile: dict) -> list[str]:
-    """A key in a profile's engine options would be kept in the inventory, release.json and every report."""
-    return [f"{options}.{flag} is a secret: set {options.split('_')[0]}_{flag.replace('-', '_')} (from a vault) "
-            "instead; options are kept in the profile, the release metadata and the reports"
-            for options, flags in KEY_FLAGS.items() for flag in flags if flag in (profile.get(options) or {})]
+def keys_in_options(options: dict[str, Any], where: str) -> list[str]:
+    """A key among an engine's flags (a profile's sglang_options, the sglang_extra_options variable, ...: the
+    mapping's name starts with the engine's) would be kept in `where`, release.json and every report."""
+    return [f"{name}.{flag} is a secret: set {engine}_{flag.replace('-', '_')} (from a vault) instead; options are "
+            f"kept in {where}, the release metadata and the reports"
+            for name, value in options.items() if isinstance(value, dict)
+            for engine in [name.split("_", 1)[0]] for flag in KEY_FLAGS.get(engine, ()) if flag in value]
 
 
 def same_admin_and_api_key(given: dict[str, Any]) -> list[str]:
@@ -352,6 +354,7 @@ class ActionModule(ActionBase):
             # Strings reach unit files, config files and command lines: a control character is never meant.
             errors += [m for name, value in sorted(given.items()) for m in control_characters(value, name)]
             errors += same_admin_and_api_key(given)
+            errors += keys_in_options({n: v for n, v in given.items() if n.endswith("_options")}, "the inventory")
             if "engine_profile" in raw:
                 errors += bad_profile_name(str(self._templar.template(raw["engine_profile"])))
 

@@ -59,25 +59,9 @@ import hmac
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bws_host_secret import (
-    HostSecretError,
-    ensure_host_secret,
-    read_host_secret,
-    write_host_secret,
-)
+from ansible.module_utils.bws_host_secret import HostSecretError, ensure_host_secret
 
 SALT_BYTES = 32
-
-
-SaltError = HostSecretError
-
-
-def read_salt(path: str) -> bytes | None:
-    """The salt, or None when the file does not exist. Only a root-owned regular file no one else can read."""
-    return read_host_secret(path, SALT_BYTES)
-
-
-write_salt = write_host_secret
 
 
 def release_id(name: str, salt: bytes, digest: str) -> str:

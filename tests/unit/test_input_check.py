@@ -193,6 +193,15 @@ def test_an_engine_key_in_a_profiles_options_is_refused_naming_the_variable_to_u
     assert not any(value in " ".join(errors) for value in ("sk-1", "adm-2", "sk-3"))
 
 
+def test_an_engine_key_in_the_option_variables_is_refused_naming_the_variable_to_use() -> None:
+    given = {"sglang_extra_options": {"admin-api-key": "adm-2", "log-level": "info"},
+             "vllm_extra_options": {"api-key": "sk-3"}, "sglang_default_options": {"enable-metrics": True}}
+    tail = "(from a vault) instead; options are kept in the inventory, the release metadata and the reports"
+    assert ic.keys_in_options(given, "the inventory") == [
+        f"sglang_extra_options.admin-api-key is a secret: set sglang_admin_api_key {tail}",
+        f"vllm_extra_options.api-key is a secret: set vllm_api_key {tail}"]
+
+
 @pytest.mark.parametrize(("admin", "refused"), [("same-Key-1", True), ("", False), ("other-Key-2", False)])
 def test_sglang_admin_key_must_not_be_the_api_key(admin: str, refused: bool) -> None:
     errors = ic.same_admin_and_api_key({"sglang_api_key": "same-Key-1", "sglang_admin_api_key": admin})

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.module_utils_loader import load_library_module, run_library_module_file
+from tests.module_utils_loader import load_library_module, load_module_util, run_library_module_file
 
 release_id = load_library_module("release_id")
+host_secret = load_module_util("bws_host_secret")
 
 DIGEST = hashlib.sha256(b"unit text + files, API key included").hexdigest()
 
@@ -54,8 +55,8 @@ def test_a_salt_that_cannot_be_trusted_is_refused(tmp_path: Path, mode: int, con
     salt_file.chmod(mode)
     if os.geteuid() != 0 and "root's" not in message:
         pytest.skip("ownership is checked first: the file is not root's")
-    with pytest.raises(release_id.SaltError, match=message):
-        release_id.read_salt(str(salt_file))
+    with pytest.raises(host_secret.HostSecretError, match=message):
+        host_secret.read_host_secret(str(salt_file), 32)
     result = run_module(tmp_path, name="sglang", digest=DIGEST, salt_file=str(salt_file))
     assert result["failed"] and message in result["msg"] and salt_file.read_bytes() == content
 
