@@ -260,6 +260,11 @@ class TaskResult(NamedTuple):
     res: dict
 
 
+# What the probe runs take from the environment: the toolchain, the configuration, and the hosts' connection plugin
+# (molecule.yml).
+PLAYBOOK_ENV = ("PATH", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CONNECTION_PLUGINS")
+
+
 def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
     """One role_probe.yml run for many cases: each case is an inventory alias of the test host with its own
     role and inputs (inventory variables, which the input check reads as it reads -e). Returns per case its
@@ -267,7 +272,7 @@ def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
     {"stats": {"ok": n, "changed": n, "failures": n}, "results": [TaskResult, ...]}."""
     aliases = {f"case{index}": case for index, case in enumerate(cases)}
     hosts = {
-        alias: {"ansible_host": HOSTS[0], "ansible_connection": "containers.podman.podman",
+        alias: {"ansible_host": HOSTS[0], "ansible_connection": "podman_nsenter",
                 "probe_role": cases[case][0], **cases[case][1]}
         for alias, case in aliases.items()
     }
@@ -277,8 +282,7 @@ def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
         private_data_dir=tempfile.mkdtemp(prefix="runner-", dir=EPHEMERAL), project_dir=str(REPO),
         playbook=str(SCENARIO / "tests" / "role_probe.yml"), inventory=[str(Path(INVENTORY).parent), str(extra)],
         limit=",".join(aliases), suppress_env_files=True, quiet=True,
-        envvars={name: os.environ[name] for name in ("PATH", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH")
-                 if name in os.environ},
+        envvars={name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ},
     )  # fmt: skip
     assert runner.stats, f"the probe run ended without a recap ({runner.status}): {runner.stdout.read()[-3000:]}"
     per_case = {
