@@ -11,9 +11,9 @@
 # and the test stubs it names (copied from tests/contract/stubs/, put on the path by a .pth file).
 # The venv lives in $CACHE_DIR/contract/sglang-VERSION and is rebuilt only when the recipe changes.
 #
-# Environment: BWS_CONTRACT_PYTHON (default python3.11), BWS_TORCH_CPU_INDEX (an extra index that serves
-# the '+cpu' torch wheel, for machines whose pip configuration does not provide it; PyTorch's own is
-# https://download.pytorch.org/whl/cpu).
+# Environment: BWS_CONTRACT_PYTHON (default: the distribution's python3.11 where it can make venvs, see
+# contract_python in lib.sh), BWS_TORCH_CPU_INDEX (an extra index that serves the '+cpu' torch wheel, for machines
+# whose pip configuration does not provide it; PyTorch's own is https://download.pytorch.org/whl/cpu).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -30,21 +30,7 @@ LOCK_FILE=$($LOCKS path sglang "$VERSION") || die "no usable lock file for sglan
 log() { printf '[contract-venv-sglang %s] %s\n' "$VERSION" "$*" >&2; }
 lock_get() { $LOCKS get sglang "$VERSION" "$1"; }
 
-find_contract_python() {
-  local want candidate
-  want=$(lock_get contract.python)
-  for candidate in "${BWS_CONTRACT_PYTHON:-}" "python$want"; do
-    [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 && { echo "$candidate"; return 0; }
-  done
-  if command -v pyenv >/dev/null 2>&1; then
-    for candidate in "$(pyenv root)/versions/$want".*/bin/python3; do
-      [ -x "$candidate" ] && { echo "$candidate"; return 0; }
-    done
-  fi
-  die "python$want not found (set BWS_CONTRACT_PYTHON)"
-}
-
-CONTRACT_PYTHON=$(find_contract_python)
+CONTRACT_PYTHON=$(contract_python "$(lock_get contract.python)")
 CONTRACT=$CACHE_DIR/contract
 VENV=$CONTRACT/sglang-$VERSION
 STUBS=$REPO_ROOT/tests/contract/stubs
@@ -53,6 +39,7 @@ mkdir -p "$CONTRACT"
 # The recipe id: the lock's contract section and the stub sources. Any change rebuilds the venv.
 recipe_id() {
   {
+    python_identity "$CONTRACT_PYTHON"
     lock_get contract
     lock_get requirements
     find "$STUBS" -name '*.py' -type f -print0 | sort -z | xargs -0 cat

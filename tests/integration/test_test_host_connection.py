@@ -1,5 +1,5 @@
 """The test hosts' connection (tests/plugins/connection/podman_nsenter.py) gives a task what `podman exec` gives it:
-the container's systemd, files, processes, environment and capability bounding set, none of the controller's
+the container's systemd, files, processes, cgroups, environment and capability bounding set, none of the controller's
 environment, files that travel both ways, a container found again after a restart, and a stopped one named."""
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ PLAYBOOK = """
   become: true
   tasks:
     # Without become: sudo would reset the environment, hiding whose it is.
-    - name: Read PID 1, the host name, the bounding set and the environment
+    - name: Read PID 1, the host name, the bounding set, the cgroups and the environment
       ansible.builtin.shell: |
-        cat /proc/1/comm; hostname; grep ^CapBnd: /proc/self/status | cut -f2; env
+        cat /proc/1/comm; hostname; grep ^CapBnd: /proc/self/status | cut -f2
+        sort /proc/self/cgroup | paste -sd' '; env
       register: seen
       changed_when: false
       become: false
@@ -75,11 +76,13 @@ def run(host: EngineHost, payload: str):
 def test_a_task_sees_the_container_as_podman_exec_shows_it(host):
     result, payload, seen = run(host, "first")
     assert result.status == "successful", result.stdout[-3000:]
-    comm, hostname, bounding_set, *environment = seen
+    comm, hostname, bounding_set, cgroups, *environment = seen
     assert (comm, hostname) == ("systemd", NAME)
     # podman exec's own process: the container's bounding set, which is narrower than the controller's
     assert bounding_set == host.sh("grep ^CapBnd: /proc/self/status | cut -f2")
     assert bounding_set != Path("/proc/self/status").read_text().split("CapBnd:")[1].split()[0]
+    # in the container's cgroups where podman exec puts its processes (the module judges its scope by them)
+    assert cgroups == host.sh("sort /proc/self/cgroup | paste -sd' '"), cgroups
     assert not [line for line in environment if line.startswith(CONTROLLER_ONLY)]
     assert "container=podman" in environment, environment
     assert payload == "first\n"

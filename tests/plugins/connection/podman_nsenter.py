@@ -7,9 +7,10 @@ DOCUMENTATION = r"""
 name: podman_nsenter
 short_description: Run tasks in a local podman container by entering its namespaces (the test hosts' connection)
 description:
-  - The systemd test hosts' connection. A task's commands run in the container's mount, UTS, IPC, network, PID and
-    cgroup namespaces (C(nsenter) on the container's init), with the container's own environment and capability
-    bounding set, as root; the container's systemd, files and processes are what the commands see.
+  - The systemd test hosts' connection. A task's commands run in the container's cgroups and in its mount, UTS, IPC,
+    network, PID and cgroup namespaces (C(nsenter) on the container's init), with the container's own environment
+    and capability bounding set, as root; the container's systemd, files and processes are what the commands see,
+    and they see the commands where C(podman exec) puts its own (the container's cgroup, not its init's scope).
   - Every C(podman exec) of C(containers.podman.podman) starts podman, conmon and runc, about 0.1 s of CPU and up to
     half a second of waiting on a busy machine, and a playbook run makes hundreds of them; C(nsenter) costs a few
     milliseconds. The tests' own C(podman exec) calls and C(scripts/sandbox.sh) are unchanged.
@@ -52,6 +53,46 @@ CAPABILITIES = (
     "checkpoint_restore",
 )
 NAMESPACES = ("--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup")
+INIT_SCOPE = "/init.scope"  # where the container's systemd moves itself; podman exec's processes stay above it
+
+
+def _cgroup_mounts() -> dict[str, str]:
+    """Each cgroup hierarchy's mount point, keyed as /proc/PID/cgroup names the hierarchy ("" for cgroup v2)."""
+    subsystems = {line.split()[0] for line in Path("/proc/cgroups").read_text().splitlines()[1:] if line.strip()}
+    mounts: dict[str, str] = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields, _, fs = line.partition(" - ")
+        fstype, _, options = fs.split()[:3]
+        if fstype == "cgroup2":
+            mounts.setdefault("", fields.split()[4])
+        elif fstype == "cgroup":
+            names = sorted(o for o in options.split(",") if o in subsystems or o.startswith("name="))
+            mounts.setdefault(",".join(names), fields.split()[4])
+    return mounts
+
+
+def _container_cgroup_procs(pid: int) -> list[tuple[str, str]]:
+    """Per hierarchy, the cgroup.procs of the container's own cgroup and, as a fallback, of its init's."""
+    mounts, targets = _cgroup_mounts(), []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        mount = mounts.get(",".join(sorted(controllers.split(","))) if controllers else "")
+        if mount is None:
+            continue
+        own = path[: -len(INIT_SCOPE)] if path.endswith(INIT_SCOPE) else path
+        targets.append((f"{mount}{own}/cgroup.procs", f"{mount}{path}/cgroup.procs"))
+    return targets
+
+
+def _join_cgroups(targets: list[tuple[str, str]]) -> None:
+    """In the child, before nsenter: into the container's cgroups, as runc exec puts podman exec's processes. On
+    cgroup v2 a cgroup with children may take no process: the init's own then."""
+    me = str(os.getpid())
+    for own, init in targets:
+        try:
+            Path(own).write_text(me)
+        except OSError:
+            Path(init).write_text(me)
 
 
 def _start_time(pid: int) -> str | None:
@@ -74,6 +115,7 @@ class Connection(ConnectionBase):
         self._pid: int | None = None
         self._env: dict[str, str] = {}
         self._bounding_set = ""
+        self._cgroups: list[tuple[str, str]] = []
 
     def _cache_file(self, name: str) -> Path:
         return Path(tempfile.gettempdir()) / f"bws-podman-nsenter-{os.getuid()}" / name
@@ -106,6 +148,7 @@ class Connection(ConnectionBase):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             status = Path(f"/proc/{pid}/status").read_text()
+            self._cgroups = _container_cgroup_procs(pid)
         except OSError as gone:
             raise AnsibleConnectionFailure(f"container {name} (PID {pid}) went away: {gone}") from gone
         self._env = dict(item.split("=", 1) for item in to_text(environ).split("\0") if "=" in item)
@@ -122,8 +165,9 @@ class Connection(ConnectionBase):
 
     def _run(self, argv: list[str], in_data: bytes | None = None) -> tuple[int, bytes, bytes]:
         display.vvv(f"EXEC {shlex.join(argv)}", host=self.get_option("remote_addr"))
+        cgroups = self._cgroups
         proc = subprocess.run(self._argv(argv), input=in_data, capture_output=True, env=self._env, cwd="/",
-                              check=False)
+                              check=False, preexec_fn=lambda: _join_cgroups(cgroups))
         return proc.returncode, proc.stdout, proc.stderr
 
     def exec_command(self, cmd: str, in_data: bytes | None = None, sudoable: bool = True) -> tuple[int, bytes, bytes]:
