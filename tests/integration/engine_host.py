@@ -99,7 +99,7 @@ class EngineHost:
             cmdline="--check --diff" if check else None,
             envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": os.environ["PATH"],
                      "ANSIBLE_COLLECTIONS_PATH": os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""),
-                     "ANSIBLE_CONNECTION_PLUGINS": CONNECTION_PLUGINS, "ANSIBLE_NOCOLOR": "1"},
+                     "ANSIBLE_NOCOLOR": "1"},
             suppress_env_files=True, quiet=True,
         )
         stdout = result.stdout.read() if result.stdout else ""
