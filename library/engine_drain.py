@@ -33,9 +33,10 @@ options:
     type: int
     default: 30
   unit_dir:
-    description: Where the installed unit files are.
+    description:
+      - Where the unit file is. Unset - the file systemd loaded the unit from (its C(FragmentPath)), which is the
+        trial copy under C(/run/systemd/system.control) while a release is on trial.
     type: path
-    default: /etc/systemd/system
 notes:
   - Check mode says what it would do and does nothing.
 attributes:
@@ -136,6 +137,14 @@ def post_abort_all(url: str, api_key: str | None, timeout_s: float = 10.0) -> st
         return f"not answered ({exc})"
 
 
+def unit_file(unit: str, unit_dir: str | None) -> str:
+    if unit_dir:
+        return os.path.join(unit_dir, unit)
+    shown = subprocess.run(["systemctl", "show", "--property=FragmentPath", "--value", unit],
+                           capture_output=True, text=True, check=False)
+    return shown.stdout.strip() or os.path.join("/etc/systemd/system", unit)
+
+
 def is_active(unit: str) -> bool:
     return subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
 
@@ -143,7 +152,7 @@ def is_active(unit: str) -> bool:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"unit": {"type": "str", "required": True}, "timeout_s": {"type": "int", "default": 30},
-                       "unit_dir": {"type": "path", "default": "/etc/systemd/system"}},
+                       "unit_dir": {"type": "path"}},
         supports_check_mode=True,
     )
     unit, bound = module.params["unit"], module.params["timeout_s"]
@@ -151,7 +160,7 @@ def main() -> None:
     if not is_active(unit):
         module.exit_json(**result, message=f"{unit} is not running")
     try:
-        with open(os.path.join(module.params["unit_dir"], unit), encoding="utf-8") as handle:
+        with open(unit_file(unit, module.params["unit_dir"]), encoding="utf-8") as handle:
             config_path = sglang_config_path(exec_start_argv(handle.read()))
     except OSError:
         config_path = None

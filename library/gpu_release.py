@@ -173,6 +173,12 @@ options:
     description: Stop and disable O(units) first (systemd only) and check afterwards that they are down.
     type: bool
     default: false
+  disable_units:
+    description:
+      - With O(stop_units), whether the units are disabled too. A deploy's switch keeps them enabled, so a reboot
+        before the new release has passed its gate starts the release that served before it.
+    type: bool
+    default: true
   report_only:
     description: Only report targets, foreign processes and GPU holders; change nothing.
     type: bool
@@ -283,11 +289,13 @@ service_users:
   returned: always
   type: dict
 units:
-  description: With O(stop_units) - service_manager, per unit its state after the stop, stopped, disabled, reset_failed.
+  description:
+    - With O(stop_units) - service_manager, disable (O(disable_units)), per unit its state after the stop, stopped,
+      disabled, reset_failed.
   returned: always
   type: dict
 units_left:
-  description: Units still running or enabled, or with processes in their cgroups, after the release.
+  description: Units still running, enabled (with O(disable_units)) or with processes in their cgroups, after it.
   returned: always
   type: list
   elements: str

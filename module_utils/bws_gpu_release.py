@@ -111,6 +111,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "scope": {"type": "str", "default": "default", "choices": ["default", "host"]},
     "service_users": {"type": "list", "elements": "str", "default": ["sglang", "vllm"]},
     "stop_units": {"type": "bool", "default": False},
+    "disable_units": {"type": "bool", "default": True},
     "report_only": {"type": "bool", "default": False},
     "nvidia_smi_timeout_s": {"type": "float", "default": 10.0},
     "idle_memory_mib": {"type": "int", "default": 256},
@@ -436,8 +437,11 @@ def systemctl_do(module: AnsibleModule, systemctl: str, verb: str, units: list[s
         raise ReleaseError(f"systemctl {verb} {' '.join(units)} failed (rc={rc}): {err.strip()}")
 
 
-def stop_units(module: AnsibleModule, units: list[str], check_mode: bool) -> dict[str, Any]:
-    """Stop and disable the loaded units, clear a failed state; what was done per unit.
+def stop_units(module: AnsibleModule, units: list[str], check_mode: bool, disable: bool = True) -> dict[str, Any]:
+    """Stop (and with ``disable``, disable) the loaded units, clear a failed state; what was done per unit.
+
+    A deploy's switch stops without disabling: the unit enabled now is what the host boots into until the new
+    release has passed its gate (roles/engine_service, commit.yml).
 
     ``systemctl stop`` returns 0 even when the stop ran into TimeoutStopSec and ended in SIGKILL: the unit's
     Result (``timeout``) says so, and the cgroup is checked after the release.
@@ -448,7 +452,7 @@ def stop_units(module: AnsibleModule, units: list[str], check_mode: bool) -> dic
     before = show_units(module, systemctl, units)
     loaded = [u for u in units if before.get(u, {}).get("LoadState") == "loaded"]
     running = [u for u in loaded if before[u].get("ActiveState") not in ("inactive", "failed")]
-    enabled = [u for u in loaded if before[u].get("UnitFileState") in ENABLED_STATES]
+    enabled = [u for u in loaded if before[u].get("UnitFileState") in ENABLED_STATES] if disable else []
     after, reset = before, []
     if not check_mode:
         systemctl_do(module, systemctl, "stop", running)
@@ -458,6 +462,7 @@ def stop_units(module: AnsibleModule, units: list[str], check_mode: bool) -> dic
         systemctl_do(module, systemctl, "reset-failed", reset)
     return {
         "service_manager": "systemd",
+        "disable": disable,
         "units": {u: {**after.get(u, {"LoadState": "not-found"}), "failed_state_cleared": u in reset} for u in units},
         "stopped": running,
         "disabled": enabled,
@@ -492,7 +497,7 @@ def units_left(units: dict[str, Any], procs: dict[int, Proc], roots: dict[str, s
             continue
         if s.get("ActiveState") not in ("inactive", "failed"):
             problems.append(f"{unit} still {s.get('ActiveState')}")
-        if s.get("UnitFileState") in ("enabled", "enabled-runtime"):
+        if units.get("disable", True) and s.get("UnitFileState") in ("enabled", "enabled-runtime"):
             problems.append(f"{unit} still enabled")
         left = [str(p.pid) for p in procs.values() if in_system_unit(p.cgroup_entries, roots, unit)]
         if left:
@@ -965,7 +970,8 @@ def release(module: AnsibleModule) -> dict[str, Any]:
     report_only = params["report_only"]
     serving = read_serving(params["state_dir"]) if params["state_dir"] else None
     params["units"] = with_recorded_unit(params["units"], (serving or {}).get("release", {}).get("unit"))
-    units = stop_units(module, params["units"] if params["stop_units"] else [], check_mode or report_only)
+    units = stop_units(module, params["units"] if params["stop_units"] else [], check_mode or report_only,
+                       params["disable_units"])
     gpu = Gpu(module, params["nvidia_smi"], params["driver_proc_dir"])
     procs = snapshot()
     scope = Scope(params, procs)

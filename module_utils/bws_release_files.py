@@ -99,6 +99,8 @@ def ensure_directory(want: Wanted, check_mode: bool) -> bool:
         if st is None:
             os.makedirs(want.path, exist_ok=True)
         _chown_chmod(want.path, want)
+        if st is None:
+            fsync_directory(os.path.dirname(want.path.rstrip("/")) or "/")
     return True
 
 
@@ -144,6 +146,16 @@ def write_atomically(want: Wanted) -> None:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+    fsync_directory(directory)
+
+
+def fsync_directory(path: str) -> None:
+    """A rename is on disk only once its directory is synced: after a power cut the release is whole or absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def ensure_file(want: Wanted, check_mode: bool) -> tuple[bool, dict[str, str] | None]:

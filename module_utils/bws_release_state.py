@@ -143,6 +143,8 @@ def write_text_atomically(path: str, text: str, mode: int = 0o644) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         if os.geteuid() == 0:
             os.chown(tmp, 0, 0)
@@ -151,6 +153,11 @@ def write_text_atomically(path: str, text: str, mode: int = 0o644) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def record_stopped(serving: dict[str, Any], write: bool) -> dict[str, Any]:

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +69,31 @@ def deploy(host: EngineHost, runs: list, playbook: str, **extravars):
     run = host.run_playbook(f"playbooks/{playbook}", extravars=extravars)
     runs.append(run)
     return run
+
+
+def interrupted_deploy(host: EngineHost, playbook: str, extravars: dict, interrupt_when,
+                       interrupt: Callable[[], object] | None = None) -> None:
+    """Run a deploy and, once interrupt_when() holds, call interrupt() (a power cut, say) and kill its controller
+    (SIGKILL, as a lost terminal or CI runner). The controller starts a session of its own and the kill goes to
+    that session's process group only, so it reaches nothing this test did not start. (Not a private PID namespace:
+    podman judges whether a container's conmon lives by its host PID, which a PID namespace would hide.)"""
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(host.inventory),
+               str(REPO / playbook), "-e", json.dumps(extravars)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    controller = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not interrupt_when():
+            assert controller.poll() is None, "the deploy ended before it could be interrupted"
+            assert time.monotonic() < deadline, "the deploy never reached the point to interrupt"
+            time.sleep(0.3)
+        if interrupt is not None:
+            interrupt()
+    finally:
+        if controller.poll() is None:
+            os.killpg(controller.pid, signal.SIGKILL)
+        controller.wait()
 
 
 def main_pid(host: EngineHost, unit: str = "sglang.service") -> str:

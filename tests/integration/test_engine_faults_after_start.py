@@ -7,13 +7,7 @@ is the ENGINE TEST DOUBLE. The tests share the host and run in file order; each 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -24,6 +18,7 @@ from tests.integration.lifecycle_helpers import (
     assert_api_key_nowhere,
     booted_engine_host,
     deploy,
+    interrupted_deploy,
     main_pid,
 )
 
@@ -106,28 +101,6 @@ def test_failed_vllm_deploy_rolls_back_to_the_sglang_release(host, runs):
     assert host.unit("vllm.service")["UnitFileState"] == "disabled"
     assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
     assert host.state()["current"] == before
-
-
-def interrupted_deploy(host: EngineHost, playbook: str, extravars: dict, interrupt_when) -> None:
-    """Run a deploy and kill its controller (SIGKILL, as a lost terminal or CI runner) once interrupt_when()
-    holds. The controller starts a session of its own and the kill goes to that session's process group only,
-    so it reaches nothing this test did not start. (Not a private PID namespace: podman judges whether a
-    container's conmon lives by its host PID, which a PID namespace would hide.)"""
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(host.inventory),
-               str(REPO / playbook), "-e", json.dumps(extravars)]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    controller = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not interrupt_when():
-            assert controller.poll() is None, "the deploy ended before it could be interrupted"
-            assert time.monotonic() < deadline, "the deploy never reached the point to interrupt"
-            time.sleep(0.5)
-    finally:
-        if controller.poll() is None:
-            os.killpg(controller.pid, signal.SIGKILL)
-        controller.wait()
 
 
 def test_an_interrupted_deploy_claims_nothing_serves_and_its_rerun_finishes_it_and_prunes(host, runs):

@@ -531,12 +531,31 @@ def test_stop_units_stops_disables_and_says_a_stop_ended_in_sigkill(monkeypatch)
     assert again["stopped"] == [] and again["disabled"] == []  # a clean host: one show, nothing else
 
 
-def test_stop_units_in_check_mode_only_reads(monkeypatch):
-    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
-    double = SystemctlDouble(
+def serving_sglang() -> SystemctlDouble:
+    """sglang.service runs and is enabled."""
+    return SystemctlDouble(
         {"sglang.service": {"LoadState": "loaded", "ActiveState": "active", "Result": "success",
                             "UnitFileState": "enabled", "ControlGroup": "/system.slice/sglang.service"}}
     )  # fmt: skip
+
+
+def test_a_switch_stops_without_disabling_and_an_enabled_unit_is_then_no_problem(monkeypatch):
+    """A deploy's switch (disable_units false): the unit the host boots into stays enabled until the gate passed."""
+    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
+    double = serving_sglang()
+    units = gpu_release.stop_units(double, ["sglang.service"], check_mode=False, disable=False)
+    assert "disable" not in [c[0] for c in double.calls]
+    assert units["units"]["sglang.service"]["UnitFileState"] == "enabled" and units["disabled"] == []
+    assert gpu_release.units_left(units, {}, {}) == []
+    disabled = gpu_release.stop_units(double, ["sglang.service"], check_mode=False)
+    assert disabled["disabled"] == ["sglang.service"]
+    double.states["sglang.service"]["UnitFileState"] = "enabled"
+    assert gpu_release.units_left({**units, "disable": True}, {}, {}) == ["sglang.service still enabled"]
+
+
+def test_stop_units_in_check_mode_only_reads(monkeypatch):
+    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
+    double = serving_sglang()
     units = gpu_release.stop_units(double, ["sglang.service"], check_mode=True)
     assert [c[0] for c in double.calls] == ["show"]
     assert gpu_release.unit_lines(units, check_mode=True)[-1] == "check mode: would stop/disable sglang.service"

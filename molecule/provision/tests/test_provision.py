@@ -175,15 +175,32 @@ def test_uv_installed_from_the_wheelhouse(host):
     assert host.check_output("/opt/uv/0.13.9/bin/uv --version").startswith("uv 0.13.9")
 
 
+def the_venvs(host) -> list[str]:
+    """The complete venvs of the converge's environment (build directories start with a dot)."""
+    return sorted(host.check_output("ls -d /opt/provision-test/envs/provision-test-* 2>/dev/null || true").split())
+
+
+def tree_digest(host, path: str) -> str:
+    """One digest of every file's path, mode and content under path: a venv written to changes it."""
+    return host.check_output(
+        f"cd {path} && find . -type f -printf '%p %m\\n' | sort | sha256sum && find . -type f -print0 | sort -z"
+        " | xargs -0 sha256sum | sha256sum")
+
+
 def test_venv_built_offline_with_the_requirement_set(host):
-    python = "/opt/provision-test/venv/bin/python"
+    [venv] = the_venvs(host)
+    python = f"{venv}/bin/python"
     assert host.check_output(f"{python} -c 'import six, sys; print(six.__version__, sys.prefix)'") == (
-        "1.17.0 /opt/provision-test/venv"
+        f"1.17.0 {venv}"
     )
-    stamp = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
+    stamp = json.loads(host.file(f"{venv}/python-env.json").content_string)
     assert stamp["name"] == "provision-test"
+    assert venv.endswith("/" + stamp["id"])
     assert stamp["sources"] == {"wheelhouse": "/var/cache/python-env/provision-test/wheelhouse"}
     assert host.file("/var/cache/python-env/provision-test/wheelhouse/six-1.17.0-py2.py3-none-any.whl").exists
+    # Built elsewhere and renamed into place: nothing of the build is left, and its scripts still run.
+    assert host.check_output("ls -A /opt/provision-test/envs") == venv.rsplit("/", 1)[1]
+    assert 'relocatable = true' in host.file(f"{venv}/pyvenv.cfg").content_string
 
 
 # --- playbook runs on the converged host -----------------------------------------------------------
@@ -222,21 +239,21 @@ REFUSALS = {
         {"nvidia_driver_secure_boot": "enabled"},
         "DKMS signing certificate /var/lib/dkms/mok.pub is missing. Nothing was installed.",
     ),
-    "one venv shared by two engines": (
+    "a missing venv when the run may not build it": (
         "python_env",
-        {"python_env_name": "vllm", "python_env_path": "/opt/provision-test/venv",
-         "python_env_requirements": ["six==1.17.0"], "python_env_hashes": SIX_HASHES},
-        "/opt/provision-test/venv is the venv of 'provision-test', not 'vllm'",
+        {"python_env_name": "x", "python_env_envs_dir": "/opt/x/envs",
+         "python_env_requirements": ["six==1.17.0"], "python_env_hashes": SIX_HASHES, "python_env_build": False},
+        "is not built, and this run may not build it (the install step is left out: --skip-tags install",
     ),
     "interpreter too old or missing": (
         "python_env",
-        {"python_env_name": "x", "python_env_path": "/opt/x/venv", "python_env_requirements": ["six==1.17.0"],
+        {"python_env_name": "x", "python_env_envs_dir": "/opt/x/envs", "python_env_requirements": ["six==1.17.0"],
          "python_env_hashes": SIX_HASHES, "python_env_interpreter": "/usr/bin/python3.9"},
         "/usr/bin/python3.9 was not found; the x venv needs Python 3.11 or newer",
     ),
     "requirement without a hash": (
         "python_env",
-        {"python_env_name": "x", "python_env_path": "/opt/x/venv",
+        {"python_env_name": "x", "python_env_envs_dir": "/opt/x/envs",
          "python_env_requirements": ["six==1.17.0", "uv==0.13.9 --hash=sha256:" + "0" * 64],
          "python_env_hashes": {"uv": SIX_HASHES["six"]}},
         "1 of 2 requirements of the x venv carry no sha256 hash (six==1.17.0): every file is installed with uv pip"
@@ -415,19 +432,23 @@ def test_branch_change_moves_cleanly_and_back(host, background_runs):
 SET_V2 = json.dumps({"python_env_requirements": ["six==1.17.0", "# set v2"], "python_env_hashes": SIX_HASHES})
 
 
-def test_changed_requirement_set_is_synced_unchanged_is_not(host, background_runs):
+def test_changed_requirement_set_builds_a_new_venv_and_leaves_the_old_one_as_it_was(host, background_runs):
     for future in background_runs.values():
         future.result()
-    venv = ("-e", "python_env_name=provision-test", "-e", "python_env_path=/opt/provision-test/venv")
-    before = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
+    venv = ("-e", "python_env_name=provision-test", "-e", "python_env_envs_dir=/opt/provision-test/envs")
+    [old] = the_venvs(host)
+    old_digest = tree_digest(host, old)
     changed = probe("python_env", *venv, "-e", SET_V2)
     assert changed.returncode == 0, one_line(changed.stdout)[-3000:]
     synced = r"uv pip sync --require-hashes\)\][^\[]*?changed: \["
-    assert re.search(synced, one_line(changed.stdout)), "a changed set must be synced"
-    assert recap(changed)["changed"] == 3  # requirement file, uv pip sync, stamp
-    after = json.loads(host.file("/opt/provision-test/venv/python-env.json").content_string)
+    assert re.search(synced, one_line(changed.stdout)), "a changed set must be installed"
+    new = [v for v in the_venvs(host) if v != old]
+    assert len(new) == 1, the_venvs(host)
+    after = json.loads(host.file(f"{new[0]}/python-env.json").content_string)
+    before = json.loads(host.file(f"{old}/python-env.json").content_string)
     assert after["requirements_sha256"] != before["requirements_sha256"]
+    assert tree_digest(host, old) == old_digest, "the venv of the other set was written to"
     again = probe("python_env", *venv, "-e", SET_V2)
     assert recap(again)["changed"] == 0
     assert not re.search(synced, one_line(again.stdout)), "an unchanged set must not be reinstalled"
-    assert host.check_output("/opt/provision-test/venv/bin/python -c 'import six; print(six.__version__)'") == "1.17.0"
+    assert host.check_output(f"{new[0]}/bin/python -c 'import six; print(six.__version__)'") == "1.17.0"

@@ -1,0 +1,194 @@
+"""A rollback restores code, not only config; a power cut in the middle of a deploy leaves the host serving.
+
+One booted systemd host of its own. The engine is the ENGINE TEST DOUBLE, installed by the deploy's own install
+step (role python_env: uv from a wheelhouse, `uv pip sync --require-hashes`, a venv per content) from wheels of
+the double (tests/integration/engine_wheels.py): lock A is a healthy engine, lock B an engine version whose
+answers are garbage (its post-start gate fails), lock C a healthy one the tests interrupt. "Power cut": the test
+host is restarted without a stop timeout (podman restart -t 0) in the middle of a deploy. The tests share the host
+and run in file order; each states the host it leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.engine_host import EngineHost, podman
+from tests.integration.engine_wheels import build_wheel, download_uv_wheel, write_lock
+from tests.integration.lifecycle_helpers import CONTAINER_MARKS, deploy, interrupted_deploy, inventory_vars
+
+pytestmark = CONTAINER_MARKS
+
+ENVS = "/opt/sglang/envs"
+TRIAL_UNIT = "/run/systemd/system.control/sglang.service"
+UV = "/opt/uv/0.13.9/bin/uv"  # where python_env installs the pinned uv
+# The UV TEST DOUBLE, put in uv's place: the real uv, except that `uv pip sync` first says so and waits, so a test
+# can cut the power in the middle of a venv build.
+SLOW_UV = f"""#!/bin/sh
+if [ "$1 $2" = "pip sync" ]; then touch /run/uv-double-syncing; sleep 300; fi
+exec {UV}-real "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def locks(tmp_path_factory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("engine-wheels")
+    wheelhouse = work / "wheelhouse"
+    wheelhouse.mkdir()
+    download_uv_wheel(wheelhouse)
+    wheels = {"A": build_wheel(wheelhouse, "1.0"), "B": build_wheel(wheelhouse, "2.0", fault="garbage-output"),
+              "C": build_wheel(wheelhouse, "3.0")}
+    return {"wheelhouse": wheelhouse, **{name: write_lock(work / f"lock-{name}.yml", wheel)
+                                         for name, wheel in wheels.items()}}
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory, locks):
+    engine_host = EngineHost("bws-it-release-code", tmp_path_factory.mktemp("release-code-host"))
+    engine_host.write_inventory(inventory_vars(
+        engine_host, sglang_install=True, python_env_wheelhouse=str(locks["wheelhouse"]),
+        sglang_check_imports=["bws_engine_double"], sglang_min_free_mib=64))
+    engine_host.boot()
+    prepared = engine_host.run_playbook("tests/sandbox/prepare_host.yml")
+    assert prepared.status == "successful", prepared.stdout[-2000:]
+    yield engine_host
+    engine_host.destroy()
+
+
+@pytest.fixture(scope="module")
+def runs() -> list:
+    return []
+
+
+@pytest.fixture(scope="module")
+def served() -> dict:
+    """What each test found serving, for the next."""
+    return {}
+
+
+def serving_release(host: EngineHost) -> dict:
+    state = host.state()
+    return json.loads(host.sh(f"cat /var/lib/llm-serving/releases/{state['current']}/release.json"))
+
+
+def running_command(host: EngineHost) -> str:
+    pid = host.unit("sglang.service")["MainPID"]
+    assert pid != "0", "sglang.service runs no process"
+    return host.sh(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+
+
+def tree_digest(host: EngineHost, path: str) -> str:
+    """Every file's path, mode and bytes under path, as one digest: a venv written to changes it."""
+    return host.sh(f"cd {path} && find . -printf '%p %y %m\\n' | sort | sha256sum && "
+                   "find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum")
+
+
+def wait_for(condition, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
+
+
+def power_cut_during(host: EngineHost, extravars: dict, cut_when) -> None:
+    """Run a deploy; once cut_when() holds, restart the test host with no stop timeout (the power cut)."""
+    interrupted_deploy(host, "playbooks/deploy_sglang.yml", extravars, cut_when,
+                       interrupt=lambda: podman("restart", "-t", "0", host.name))
+    wait_for(lambda: host.sh("systemctl is-system-running --wait 2>/dev/null; true", check=False) != "", "boot")
+
+
+def test_lock_a_is_installed_into_a_venv_of_its_own_and_serves_from_it(host, runs, locks, served):
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["A"]))
+    assert run.status == "successful", run.stdout[-3000:]
+    release = serving_release(host)
+    venv = release["venv"]
+    assert venv.startswith(f"{ENVS}/sglang-"), release
+    assert f"{venv}/bin/sglang serve --config" in running_command(host)
+    assert host.health() == 200
+    stamp = json.loads(host.sh(f"cat {venv}/python-env.json"))
+    assert venv.endswith("/" + stamp["id"]) and stamp["name"] == "sglang"
+    # Committed: the unit the host boots into is this release's, and no trial copy is left.
+    assert host.sh(f"test -e {TRIAL_UNIT} && echo trial || echo none") == "none"
+    assert venv in host.sh("cat /etc/systemd/system/sglang.service")
+    assert host.unit("sglang.service")["UnitFileState"] == "enabled"
+    served.update(release_a=host.state()["current"], venv_a=venv, digest_a=tree_digest(host, venv))
+
+    # The same lock again: the venv is found by its content, nothing is built or written.
+    again = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["A"]))
+    assert again.status == "successful" and again.count("changed", host.name) == 0, again.stdout[-3000:]
+    build = again.stdout.split("TASK [python_env : Create the venv in its build directory]", 1)
+    assert len(build) == 1 or build[1].split("TASK [", 1)[0].count("skipping:") == 1, again.stdout[-3000:]
+    assert tree_digest(host, venv) == served["digest_a"]
+
+
+def test_a_failed_version_bump_rolls_back_to_the_previous_code_untouched(host, runs, locks, served):
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["B"]))
+    assert run.status == "failed", run.stdout[-3000:]
+    assert f"Rolled back: {served['release_a']} is serving again" in " ".join(run.stdout.split())
+    state = host.state()
+    assert state["current"] == served["release_a"] and state["failed"] != served["release_a"]
+    failed = json.loads(host.sh(f"cat /var/lib/llm-serving/releases/{state['failed']}/release.json"))
+    assert failed["venv"] != served["venv_a"] and failed["venv"].startswith(f"{ENVS}/sglang-")
+    # The previous release runs its own code again, whose files are byte for byte what they were.
+    assert f"{served['venv_a']}/bin/sglang serve --config" in running_command(host)
+    assert tree_digest(host, served["venv_a"]) == served["digest_a"]
+    assert host.health() == 200
+    assert served["venv_a"] in host.sh("cat /etc/systemd/system/sglang.service")
+    assert host.sh(f"test -e {TRIAL_UNIT} && echo trial || echo none") == "none"
+
+
+def test_a_power_cut_during_the_venv_build_leaves_no_venv_to_start_and_the_rerun_finishes(host, runs, locks, served):
+    host.sh(f"mv {UV} {UV}-real && cat > {UV} <<'EOF'\n{SLOW_UV}EOF\nchmod 0755 {UV}")
+    try:
+        power_cut_during(host, {"sglang_lock_file": str(locks["C"])},
+                         lambda: host.sh("test -e /run/uv-double-syncing && echo yes", check=False) == "yes")
+    finally:
+        host.sh(f"mv {UV}-real {UV}", check=False)
+    # After the boot: the release that served before starts from the unit in /etc, on its own venv.
+    wait_for(lambda: host.health() == 200, "the last release that served answers after the boot")
+    assert f"{served['venv_a']}/bin/sglang serve --config" in running_command(host)
+    assert host.state()["current"] == served["release_a"]
+    # Only complete venvs have a name a unit could run: what the build left is a build directory.
+    names = host.sh(f"ls -A {ENVS}").split()
+    builds = [n for n in names if n.startswith(".build-")]
+    assert len(builds) == 1, names
+    assert builds[0].removeprefix(".build-") not in names
+    assert host.sh(f"grep -l '{builds[0].removeprefix('.build-')}' /var/lib/llm-serving/releases/*/release.json"
+                   " || echo none") == "none"
+
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["C"]))
+    assert run.status == "successful", run.stdout[-3000:]
+    release = serving_release(host)
+    assert release["venv"] == f"{ENVS}/{builds[0].removeprefix('.build-')}"
+    assert f"{release['venv']}/bin/sglang serve --config" in running_command(host)
+    assert tree_digest(host, served["venv_a"]) == served["digest_a"]
+    # The prune after the switch removed what the build left (venv A is the previous release's: kept).
+    assert host.sh(f"ls -A {ENVS}").split().count(builds[0]) == 0
+    served.update(release_c=host.state()["current"], venv_c=release["venv"])
+
+
+def test_a_power_cut_before_the_gate_boots_the_last_release_that_served(host, runs, locks, served):
+    # Another config on the same venv, whose engine never answers: the deploy waits for it on trial.
+    hang = {"sglang_lock_file": str(locks["C"]), "sglang_extra_environment": {"ENGINE_DOUBLE_FAULT": "hang"}}
+
+    def on_trial() -> bool:
+        state = json.loads(host.sh("cat /var/lib/llm-serving/state.json"))
+        return (state.get("status") == "switching" and state.get("current") != served["release_c"]
+                and host.sh(f"test -e {TRIAL_UNIT} && systemctl is-active sglang.service", check=False) == "active")
+
+    power_cut_during(host, hang, on_trial)
+    wait_for(lambda: host.health() == 200, "the last release that served answers after the boot")
+    command = running_command(host)
+    assert f"/var/lib/llm-serving/releases/{served['release_c']}/config.yaml" in command, command
+    assert f"{served['venv_c']}/bin/sglang serve" in command
+    assert host.sh("cat /proc/$(systemctl show -p MainPID --value sglang.service)/environ | tr '\\0' '\\n'"
+                   " | grep -c ENGINE_DOUBLE_FAULT || true") == "0"
+
+    # A re-run (without the fault) deploys the release that served again and records it as serving.
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["C"]))
+    assert run.status == "successful", run.stdout[-3000:]
+    assert host.state()["current"] == served["release_c"] and host.state()["status"] == "serving"
+    assert host.health() == 200
