@@ -34,7 +34,7 @@ def bumped(requirements: list[str], bumps: list[str]) -> list[str]:
     return [names.get(line.split("==")[0].lower(), line) for line in requirements]
 
 
-def build(uv: str, venv: Path, requirements: list[str], python: str, cache: Path, link_mode: str,
+def build(uv: str, venv: Path, requirements: list[str], *, python: str, cache: Path, link_mode: str,
           sync_options: list[str]) -> float:
     start = time.monotonic()
     env_args = {"env": {**os.environ, "UV_CACHE_DIR": str(cache), "UV_NO_CONFIG": "1"}}
@@ -63,14 +63,13 @@ def main() -> int:
     results: dict[str, dict] = {}
     try:
         # Warm the cache first (the host's cache holds what its earlier deploys downloaded).
-        build(args.uv, work / "warm", requirements, args.python, cache, "hardlink", args.sync_options)
-        build(args.uv, work / "warm-b", bumped(requirements, args.bump), args.python, cache, "hardlink",
-              args.sync_options)
+        options = {"python": args.python, "cache": cache, "sync_options": args.sync_options}
+        build(args.uv, work / "warm", requirements, link_mode="hardlink", **options)
+        build(args.uv, work / "warm-b", bumped(requirements, args.bump), link_mode="hardlink", **options)
         for link_mode in ("hardlink", "copy"):
             a, b = work / f"{link_mode}-a", work / f"{link_mode}-b"
-            seconds_a = build(args.uv, a, requirements, args.python, cache, link_mode, args.sync_options)
-            seconds_b = build(args.uv, b, bumped(requirements, args.bump), args.python, cache, link_mode,
-                              args.sync_options)
+            seconds_a = build(args.uv, a, requirements, link_mode=link_mode, **options)
+            seconds_b = build(args.uv, b, bumped(requirements, args.bump), link_mode=link_mode, **options)
             size_a, size_b, both = du_kib(a), du_kib(b), du_kib(a, b)
             results[link_mode] = {"a_mib": round(size_a / 1024), "b_alone_mib": round(size_b / 1024),
                                   "b_beside_a_mib": round((both - size_a) / 1024), "build_a_s": seconds_a,
