@@ -21,6 +21,10 @@ description:
     variables the unit gives the engine (from C(Environment=) and C(EnvironmentFile=); no other variable is read
     into the key or the record, so secrets never are). A recorded proof for the same key is reported and not run
     again.
+  - The key also hashes the fabric the proof ran on, read on the host at each call - the boot id, the kernel command
+    line, the IOMMU mode and the PCIe ports whose ACS redirects peer-to-peer traffic (C(lspci -vvv)) - so a proof
+    does not outlive a reboot (a C(setpci) ACS fix is lost at reboot), a changed command line or BIOS setting; the
+    message names what changed.
   - O(state=recorded) only looks the key up. O(state=proven) runs the proof when no record exists and fails,
     naming the ranks that did not finish, the IOMMU mode, the PCIe ports with ACS redirection, the
     C(nvidia-smi topo -p2p r) matrix and the documented fix, when it does not pass.
@@ -88,6 +92,12 @@ options:
     description: systemd-run to use.
     type: str
     default: systemd-run
+  fabric_sources:
+    description:
+      - Where the fabric facts are read (tests point them at fixture files) - C(cmdline), C(boot_id) (files),
+        C(iommu_groups) (directory) and C(lspci) (the program, run as C(lspci -vvv)).
+    type: dict
+    default: {}
 notes:
   - Check mode looks the record up and says whether the proof would run; it never runs it.
 attributes:
@@ -119,6 +129,10 @@ key:
   type: str
 environment:
   description: The NCCL/CUDA variables the unit gives the engine (part of the key).
+  returned: always
+  type: dict
+fabric:
+  description: The fabric facts read now (part of the key) - boot_id, cmdline, iommu_mode, acs_redirecting.
   returned: always
   type: dict
 proven:
@@ -160,6 +174,7 @@ import subprocess
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_pcie import gather as gather_pcie
 from ansible.module_utils.bws_unit_file import read_text, service_settings, unit_environment
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")
@@ -181,9 +196,36 @@ def environment_hash(env: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def proof_key(identity: dict, world_size: int, backend: str, python: str, environment: dict[str, str]) -> str:
+FABRIC_SOURCES = {"cmdline": "/proc/cmdline", "boot_id": "/proc/sys/kernel/random/boot_id",
+                  "iommu_groups": "/sys/kernel/iommu_groups", "lspci": "lspci"}
+
+
+def lspci_text(program: str) -> str | None:
+    try:
+        listing = subprocess.run([program, "-vvv"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return listing.stdout if listing.returncode == 0 else None
+
+
+def fabric_facts(sources: dict[str, str]) -> dict[str, Any]:
+    """What the proof's result depends on beside the GPUs and the environment, as read now."""
+    where = {**FABRIC_SOURCES, **{k: v for k, v in sources.items() if v}}
+    cmdline = (read_text(where["cmdline"]) or "").strip()
+    pcie = gather_pcie(lspci_text(where["lspci"]), cmdline, where["iommu_groups"])
+    acs = pcie["acs"]
+    return {"boot_id": (read_text(where["boot_id"]) or "").strip(), "cmdline": cmdline,
+            "iommu_mode": pcie["iommu"]["mode"],
+            "acs_redirecting": sorted(f"{p['bdf']} {'+'.join(p['redirecting'])}+" for p in acs["redirecting"])
+            if acs["checked"] else "not checked (lspci -vvv did not run)"}
+
+
+def proof_key(identity: dict, world_size: int, backend: str, python: str, environment: dict[str, str], *,
+              fabric: dict[str, Any] | None = None) -> str:
     material = {"identity": identity, "world_size": int(world_size), "backend": backend, "python": python,
                 "environment": interconnect_environment(environment)}
+    if fabric is not None:
+        material["fabric"] = fabric
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -212,7 +254,7 @@ def newest_record(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def differences(last: dict[str, Any] | None, identity: dict, world_size: int, python: str,
-                environment: dict[str, str]) -> list[str]:
+                environment: dict[str, str], *, fabric: dict[str, Any] | None = None) -> list[str]:
     """What differs from the last recorded proof, in words (empty when nothing was ever proven here)."""
     if not last:
         return []
@@ -225,6 +267,11 @@ def differences(last: dict[str, Any] | None, identity: dict, world_size: int, py
         found.append(f"world size: {last.get('world_size')} -> {world_size}")
     if last.get("python") != python:
         found.append(f"python: {last.get('python')} -> {python}")
+    old_fabric = last.get("fabric", {})
+    for name in sorted(set(old_fabric) | set(fabric or {})):
+        if old_fabric.get(name) != (fabric or {}).get(name):
+            found.append(f"{name.replace('_', ' ')}: {old_fabric.get(name, '(not recorded)')} -> "
+                         f"{(fabric or {}).get(name)}")
     old_env = last.get("environment", {})
     for name in sorted(set(old_env) | set(environment)):
         if old_env.get(name) != environment.get(name):
@@ -300,12 +347,13 @@ def failure_message(report: dict[str, Any] | None, rc: int, stderr: str, unit_na
     return "; ".join(parts)
 
 
-def record_of(report: dict[str, Any], key: str, params: dict[str, Any], environment: dict[str, str]) -> dict:
+def record_of(report: dict[str, Any], key: str, params: dict[str, Any], environment: dict[str, str],
+              fabric: dict[str, Any]) -> dict:
     largest = [r for rank in report.get("ranks", [])[:1] for r in rank.get("results", [])]
     return {"key": key, "proven_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "release": params["release"], "identity": params["identity"], "world_size": params["world_size"],
             "backend": params["backend"], "python": params["python"], "gpus": params["gpus"],
-            "environment": environment, "environment_hash": environment_hash(environment),
+            "environment": environment, "environment_hash": environment_hash(environment), "fabric": fabric,
             "uid": report.get("uid"), "user": report.get("user"), "elapsed_s": report.get("elapsed_s"),
             "results": largest, "test_double": report.get("test_double")}
 
@@ -351,6 +399,7 @@ def main() -> None:
             "backend": {"type": "str", "choices": ["nccl", "gloo"], "default": "nccl"},
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "systemd_run": {"type": "str", "default": "systemd-run"},
+            "fabric_sources": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -363,14 +412,18 @@ def main() -> None:
         environment = interconnect_environment(unit_environment(settings))
     except OSError as exc:
         module.fail_json(msg=str(exc))
-    key = proof_key(params["identity"], params["world_size"], params["backend"], params["python"], environment)
+    fabric = fabric_facts(params["fabric_sources"])
+    key = proof_key(params["identity"], params["world_size"], params["backend"], params["python"], environment,
+                    fabric=fabric)
     records = read_records(params["records_dir"])
     record = find_record(records, key)
-    result: dict[str, Any] = {"changed": False, "key": key, "environment": environment, "ran": False}
+    result: dict[str, Any] = {"changed": False, "key": key, "environment": environment, "fabric": fabric,
+                              "ran": False}
     if record:
         module.exit_json(**result, proven=True, record=record, differences=[], message=proven_message(record))
     last = newest_record(records)
-    found = differences(last, params["identity"], params["world_size"], params["python"], environment)
+    found = differences(last, params["identity"], params["world_size"], params["python"], environment,
+                        fabric=fabric)
     result.update(proven=False, last=last, differences=found, message=not_proven_message(last, found))
     if params["state"] == "recorded":
         module.exit_json(**result)
@@ -389,7 +442,7 @@ def main() -> None:
                              f"{os.path.basename(params['unit_file'])} "
                              f"gives the engine: {seen} instead of {environment}; not recorded", report=report,
                          key=key, environment=environment, ran=True, proven=False)
-    new = record_of(report, key, params, environment)
+    new = record_of(report, key, params, environment, fabric)
     write_record(params["records_dir"], new)
     module.exit_json(changed=True, key=key, environment=environment, ran=True, proven=True, record=new,
                      differences=found, report=report,

@@ -177,5 +177,41 @@ def test_interconnect_proof_runs_as_the_unit_in_the_switch_window_once_and_a_fai
     assert host.state()["current"] == proven_release and host.health() == 200
 
 
+FABRIC = "/usr/local/lib/bws-fabric"  # fixture files of the fabric facts the proof is keyed by
+
+
+def set_fabric(host: EngineHost, boot_id: str) -> dict:
+    """Fixture fabric facts (a boot id, IOMMU pass-through, no ACS redirection) and the variable naming them."""
+    host.sh(f"mkdir -p {FABRIC}/iommu_groups/0/devices && echo identity > {FABRIC}/iommu_groups/0/type"
+            f" && echo {boot_id} > {FABRIC}/boot_id && echo 'ro quiet iommu=pt' > {FABRIC}/cmdline"
+            f" && printf '#!/bin/sh\\nexit 0\\n' > {FABRIC}/lspci && chmod 0755 {FABRIC}/lspci")
+    return {"engine_service_proof_fabric_sources": {"boot_id": f"{FABRIC}/boot_id", "cmdline": f"{FABRIC}/cmdline",
+                                                    "iommu_groups": f"{FABRIC}/iommu_groups",
+                                                    "lspci": f"{FABRIC}/lspci"}}
+
+
+def test_a_reboot_proves_again_and_an_unchanged_fabric_reuses_the_record(host, runs, tmp_path):
+    """The record is keyed by the fabric too: the same unit environment after a reboot (another boot id) is proven
+    again before the switch; a switch on the fabric already proven reuses the record. (A changed release that
+    leaves the key alone: the double's token rate.)"""
+    proven_runs = len(proof_runs(host))
+
+    def switch(tokens_per_s: str, boot_id: str):
+        run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-tiny", **set_fabric(host, boot_id),
+                     **proof_vars(host, tmp_path, NCCL_DEBUG="INFO", NCCL_SOCKET_IFNAME="lo",
+                                  ENGINE_DOUBLE_TOKENS_PER_S=tokens_per_s))
+        assert run.status == "successful", run.stdout[-3000:]
+        return " ".join(run.stdout.split())
+
+    first = switch("20", "boot-1")
+    assert "boot id: " in first and "-> boot-1" in first and "interconnect PROVEN" in first, first[-3000:]
+    assert len(proof_runs(host)) == proven_runs + 1
+    same = switch("30", "boot-1")
+    assert "not run again" in same and len(proof_runs(host)) == proven_runs + 1, same[-3000:]
+    rebooted = switch("40", "boot-2")
+    assert "changed: boot id: boot-1 -> boot-2" in rebooted and "interconnect PROVEN" in rebooted, rebooted[-3000:]
+    assert len(proof_runs(host)) == proven_runs + 2 and host.health() == 200
+
+
 def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact_of_the_proof_deploys(host, runs):
     assert_api_key_nowhere(host, runs)

@@ -99,6 +99,53 @@ def test_the_key_changes_with_driver_gpus_engine_world_size_python_and_interconn
     assert len({key, *changed}) == 7
 
 
+LSPCI_REDIRECTING = """\
+00:01.1 PCI bridge: Advanced Micro Devices, Inc. [AMD] Starship/Matisse GPP Bridge
+\tCapabilities: [2a0 v1] Access Control Services
+\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-
+\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-
+"""
+
+
+def fabric_fixture(tmp_path, boot_id: str = "b1", cmdline: str = "ro quiet", lspci: str | None = LSPCI_REDIRECTING,
+                   translated: bool = False) -> dict:
+    """Fixture files for the fabric facts: a boot id, a command line, IOMMU groups and an lspci that prints."""
+    (tmp_path / "boot_id").write_text(boot_id + "\n")
+    (tmp_path / "cmdline").write_text(cmdline + "\n")
+    groups = tmp_path / "iommu_groups"
+    (groups / "0" / "devices").mkdir(parents=True, exist_ok=True)
+    (groups / "0" / "type").write_text("DMA\n" if translated else "identity\n")
+    lspci_program = tmp_path / "lspci"
+    (tmp_path / "lspci.txt").write_text(lspci or "")
+    lspci_program.write_text(f"#!/bin/sh\n{'cat ' + str(tmp_path / 'lspci.txt') if lspci is not None else 'exit 1'}\n")
+    lspci_program.chmod(0o755)
+    return {"cmdline": str(tmp_path / "cmdline"), "boot_id": str(tmp_path / "boot_id"), "iommu_groups": str(groups),
+            "lspci": str(lspci_program)}
+
+
+def test_the_fabric_facts_are_read_from_the_host_and_each_one_changes_the_key(tmp_path):
+    env = proof.interconnect_environment(ENV)
+    fabric = proof.fabric_facts(fabric_fixture(tmp_path))
+    assert fabric == {"boot_id": "b1", "cmdline": "ro quiet", "iommu_mode": "passthrough",
+                      "acs_redirecting": ["0000:00:01.1 ReqRedir+CmpltRedir+"]}
+    key = proof.proof_key(IDENTITY, 2, "nccl", "/py", env, fabric=fabric)
+    assert key == proof.proof_key(IDENTITY, 2, "nccl", "/py", env, fabric=proof.fabric_facts(fabric_fixture(tmp_path)))
+    changes = {"a reboot": {"boot_id": "b2"}, "another command line": {"cmdline": "ro quiet pci=noacs"},
+               "the IOMMU translating": {"translated": True}, "the ACS fix applied": {"lspci": ""},
+               "lspci gone": {"lspci": None}}
+    for what, change in changes.items():
+        other = proof.fabric_facts(fabric_fixture(tmp_path, **change))
+        assert proof.proof_key(IDENTITY, 2, "nccl", "/py", env, fabric=other) != key, what
+        found = proof.differences({"identity": IDENTITY, "world_size": 2, "python": "/py", "environment": env,
+                                   "fabric": fabric}, IDENTITY, 2, "/py", env, fabric=other)
+        assert len(found) == 1, (what, found)
+    assert proof.fabric_facts(fabric_fixture(tmp_path, lspci=None))["acs_redirecting"].startswith("not checked")
+    # A record from before the fabric was keyed names what it lacks.
+    found = proof.differences({"identity": IDENTITY, "world_size": 2, "python": "/py", "environment": env},
+                              IDENTITY, 2, "/py", env, fabric=fabric)
+    assert "boot id: (not recorded) -> b1" in found
+
+
 def record(key: str, when: str, release: str, **more) -> dict:
     return {"key": key, "proven_at": when, "release": release, "identity": IDENTITY, "world_size": 2,
             "python": "/py", "environment": {"NCCL_DEBUG": "WARN"}, **more}
@@ -164,9 +211,10 @@ def test_a_recorded_proof_is_reported_and_nothing_runs(tmp_path, capsys):
     unit.write_text(unit_text(ENV))
     args = {"state": "proven", "unit_file": str(unit), "script": "/nonexistent/proof.py", "python": "/py",
             "world_size": 2, "identity": IDENTITY, "records_dir": str(tmp_path / "records"), "release": "sglang-new",
-            "systemd_run": "/nonexistent/systemd-run"}
-    key = proof.proof_key(IDENTITY, 2, "nccl", "/py", proof.interconnect_environment(ENV))
-    proof.write_record(str(tmp_path / "records"), record(key, "2026-11-20T10:00:00Z", "sglang-abc"))
+            "systemd_run": "/nonexistent/systemd-run", "fabric_sources": fabric_fixture(tmp_path)}
+    fabric = proof.fabric_facts(args["fabric_sources"])
+    key = proof.proof_key(IDENTITY, 2, "nccl", "/py", proof.interconnect_environment(ENV), fabric=fabric)
+    proof.write_record(str(tmp_path / "records"), record(key, "2026-11-20T10:00:00Z", "sglang-abc", fabric=fabric))
     with patch_module_args(args), pytest.raises(SystemExit) as exc:
         proof.main()
     result = json.loads(capsys.readouterr().out)
@@ -180,6 +228,13 @@ def test_a_recorded_proof_is_reported_and_nothing_runs(tmp_path, capsys):
     assert exc.value.code == 0 and result["proven"] is False and result["ran"] is False and result["changed"]
     assert "NCCL_DEBUG: WARN -> INFO" in result["message"]
     assert "would run the proof as sglang-interconnect-proof" in result["message"]
+    # the same unit after a reboot: the record does not outlive the boot it proved
+    unit.write_text(unit_text(ENV))
+    fabric_fixture(tmp_path, boot_id="b2")
+    with patch_module_args({**args, "state": "recorded"}), pytest.raises(SystemExit) as exc:
+        proof.main()
+    result = json.loads(capsys.readouterr().out)
+    assert exc.value.code == 0 and result["proven"] is False and "boot id: b1 -> b2" in result["message"]
 
 
 def test_gpu_facts_reads_the_mig_mode_from_the_nvidia_smi_double(tmp_path, capsys):
