@@ -174,7 +174,7 @@ import subprocess
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bws_pcie import gather as gather_pcie
+from ansible.module_utils.bws_pcie import fabric_facts
 from ansible.module_utils.bws_unit_file import read_text, service_settings, unit_environment
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")
@@ -194,30 +194,6 @@ def interconnect_environment(env: dict[str, str]) -> dict[str, str]:
 def environment_hash(env: dict[str, str]) -> str:
     """As interconnect_proof.py computes it from its own environment."""
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
-
-
-FABRIC_SOURCES = {"cmdline": "/proc/cmdline", "boot_id": "/proc/sys/kernel/random/boot_id",
-                  "iommu_groups": "/sys/kernel/iommu_groups", "lspci": "lspci"}
-
-
-def lspci_text(program: str) -> str | None:
-    try:
-        listing = subprocess.run([program, "-vvv"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return listing.stdout if listing.returncode == 0 else None
-
-
-def fabric_facts(sources: dict[str, str]) -> dict[str, Any]:
-    """What the proof's result depends on beside the GPUs and the environment, as read now."""
-    where = {**FABRIC_SOURCES, **{k: v for k, v in sources.items() if v}}
-    cmdline = (read_text(where["cmdline"]) or "").strip()
-    pcie = gather_pcie(lspci_text(where["lspci"]), cmdline, where["iommu_groups"])
-    acs = pcie["acs"]
-    return {"boot_id": (read_text(where["boot_id"]) or "").strip(), "cmdline": cmdline,
-            "iommu_mode": pcie["iommu"]["mode"],
-            "acs_redirecting": sorted(f"{p['bdf']} {'+'.join(p['redirecting'])}+" for p in acs["redirecting"])
-            if acs["checked"] else "not checked (lspci -vvv did not run)"}
 
 
 def proof_key(identity: dict, world_size: int, backend: str, python: str, environment: dict[str, str], *,

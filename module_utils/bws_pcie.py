@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from typing import Any
 
 HARMFUL_ACS_BITS = ("ReqRedir", "CmpltRedir")
@@ -157,3 +158,35 @@ def gather(lspci_text: str | None, cmdline: str, groups_dir: str,
         "findings": findings(iommu, redirecting, noacs),
         "fix": FIX_HINT,
     }
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+FABRIC_SOURCES = {"cmdline": "/proc/cmdline", "boot_id": "/proc/sys/kernel/random/boot_id",
+                  "iommu_groups": "/sys/kernel/iommu_groups", "lspci": "lspci"}
+
+
+def lspci_text(program: str) -> str | None:
+    try:
+        listing = subprocess.run([program, "-vvv"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return listing.stdout if listing.returncode == 0 else None
+
+
+def fabric_facts(sources: dict[str, str]) -> dict[str, Any]:
+    """What the proof's result depends on beside the GPUs and the environment, as read now."""
+    where = {**FABRIC_SOURCES, **{k: v for k, v in sources.items() if v}}
+    cmdline = _read(where["cmdline"]).strip()
+    pcie = gather(lspci_text(where["lspci"]), cmdline, where["iommu_groups"])
+    acs = pcie["acs"]
+    return {"boot_id": _read(where["boot_id"]).strip(), "cmdline": cmdline,
+            "iommu_mode": pcie["iommu"]["mode"],
+            "acs_redirecting": sorted(f"{p['bdf']} {'+'.join(p['redirecting'])}+" for p in acs["redirecting"])
+            if acs["checked"] else "not checked (lspci -vvv did not run)"}

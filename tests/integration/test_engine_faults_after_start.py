@@ -98,7 +98,10 @@ def test_failed_vllm_deploy_rolls_back_to_the_sglang_release(host, runs):
     before = host.state()["current"]
     run = deploy(host, runs, "deploy_vllm.yml", vllm_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
     assert run.status == "failed"
-    assert host.unit("vllm.service")["UnitFileState"] == "disabled"
+    # The failed release ran on trial only: nothing of it is left where the host boots from, SGLang's unit is.
+    assert host.unit("vllm.service")["UnitFileState"] not in ("enabled", "enabled-runtime")
+    assert host.sh("ls /run/systemd/system.control/ 2>/dev/null || true") == ""
+    assert host.unit("sglang.service")["UnitFileState"] == "enabled"
     assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
     assert host.state()["current"] == before
 
