@@ -60,20 +60,15 @@ kept:
   returned: success
 """
 
-import json
 import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_release_files import ReleaseFilesError, read_json
 
 
 class PruneError(Exception):
     pass
-
-
-def read_json(path: str) -> object:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def venvs_named_by_releases(state_dir: str, ignore: set[str]) -> set[str]:
@@ -87,11 +82,9 @@ def venvs_named_by_releases(state_dir: str, ignore: set[str]) -> set[str]:
         if not entry.is_dir(follow_symlinks=False) or os.path.normpath(entry.path) in ignore:
             continue
         path = os.path.join(entry.path, "release.json")
-        if not os.path.exists(path):
-            continue  # an incomplete release (release.json is written last) names nothing yet
         try:
-            release = read_json(path)
-        except (OSError, ValueError) as exc:
+            release = read_json(path)  # None: an incomplete release (release.json is written last) names nothing yet
+        except ReleaseFilesError as exc:
             raise PruneError(f"{path} cannot be read ({exc}): no venv is removed while a release is unreadable") \
                 from exc
         venv = release.get("venv") if isinstance(release, dict) else None
@@ -103,7 +96,7 @@ def venvs_named_by_releases(state_dir: str, ignore: set[str]) -> set[str]:
 def stamp_name(venv: str) -> str | None:
     try:
         stamp = read_json(os.path.join(venv, "python-env.json"))
-    except (OSError, ValueError):
+    except ReleaseFilesError:
         return None
     return stamp.get("name") if isinstance(stamp, dict) else None
 
