@@ -16,11 +16,16 @@ description:
     C(EnvironmentFile=), C(LoadCredential=), the state and cache directories and all hardening) - everything but
     how systemd starts, stops and restarts it - so the proof meets the user, environment and sandbox the engine
     will meet.
+  - The ranks set the NCCL/CUDA variables the engine sets inside its own process (O(engine), O(engine_flags)), then
+    run float32 all-reduces, small bfloat16 messages, an all-reduce captured in a CUDA graph and, when the profile
+    turns a peer-to-peer all-reduce on (C(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE) or O(custom_all_reduce)) on 2 or more
+    GPUs, CUDA IPC peer writes (docs/provisioning.md, "Interconnect proof").
   - A proof is recorded under O(records_dir) by a key that hashes O(identity) (driver version, GPU uuids, engine
-    version), the world size, backend, the python and the C(NCCL_*), C(CUDA_*), C(TORCH_NCCL_*) and C(NVIDIA_*)
-    variables the unit gives the engine (from C(Environment=) and C(EnvironmentFile=); no other variable is read
-    into the key or the record, so secrets never are). A recorded proof for the same key is reported and not run
-    again.
+    version), the world size, backend, the python, the proof script, the engine settings (O(engine),
+    O(engine_flags), O(custom_all_reduce)) and the C(NCCL_*), C(CUDA_*), C(TORCH_NCCL_*), C(NVIDIA_*), C(SGLANG_*)
+    and C(VLLM_*) variables the unit gives the engine (from C(Environment=) and C(EnvironmentFile=)), less names
+    that look like secrets (C(KEY), C(TOKEN), C(SECRET), C(PASSWORD), C(CREDENTIAL)); no other variable is read
+    into the key or the record. A recorded proof for the same key is reported and not run again.
   - The key also hashes the fabric the proof ran on, read on the host at each call - the boot id, the kernel command
     line, the IOMMU mode and the PCIe ports whose ACS redirects peer-to-peer traffic (C(lspci -vvv)) - so a proof
     does not outlive a reboot (a C(setpci) ACS fix is lost at reboot), a changed command line or BIOS setting; the
@@ -92,6 +97,20 @@ options:
     description: systemd-run to use.
     type: str
     default: systemd-run
+  engine:
+    description: Whose in-process NCCL/CUDA settings the ranks apply (SGLang's or vLLM's, as their code sets them).
+    type: str
+    choices: [none, sglang, vllm]
+    default: none
+  engine_flags:
+    description: The profile's engine switches that change those settings (C(enable-symm-mem), C(enable-nccl-nvls)).
+    type: list
+    elements: str
+    default: []
+  custom_all_reduce:
+    description: The profile runs the engine's custom all-reduce (no C(disable-custom-all-reduce)).
+    type: bool
+    default: false
   fabric_sources:
     description:
       - Where the fabric facts are read (tests point them at fixture files) - C(cmdline), C(boot_id) (files),
@@ -128,7 +147,7 @@ key:
   returned: always
   type: str
 environment:
-  description: The NCCL/CUDA variables the unit gives the engine (part of the key).
+  description: The NCCL/CUDA/SGLANG/VLLM variables the unit gives the engine (part of the key).
   returned: always
   type: dict
 fabric:
@@ -167,104 +186,39 @@ report:
 """
 
 import datetime
-import hashlib
-import json
 import os
 import subprocess
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bws_pcie import fabric_facts
+from ansible.module_utils.bws_proof_record import (
+    README_FIX,
+    differences,
+    engine_settings,
+    environment_hash,
+    failure_message,
+    file_digest,
+    find_record,
+    interconnect_environment,
+    newest_record,
+    not_proven_message,
+    parse_report,
+    proof_key,
+    proven_message,
+    read_records,
+    release_neutral,
+    steps_summary,
+    write_record,
+)
 from ansible.module_utils.bws_unit_file import read_text, service_settings, unit_environment
 
-ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")
-README_FIX = "docs/provisioning.md, section 'Interconnect: IOMMU and ACS'"
 # [Service] settings about how systemd starts, stops and restarts the engine: not for a one-shot proof.
 NOT_PASSED = {"Type", "ExecStart", "ExecStartPre", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload",
               "ExecCondition", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec", "TimeoutSec",
               "RuntimeMaxSec", "KillMode", "KillSignal", "SendSIGKILL", "FinalKillSignal", "RemainAfterExit",
               "PIDFile", "RestartPreventExitStatus", "SuccessExitStatus", "WatchdogSec", "NotifyAccess"}
 EXIT_GRACE_S = 30
-
-
-def interconnect_environment(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
-
-
-def environment_hash(env: dict[str, str]) -> str:
-    """As interconnect_proof.py computes it from its own environment."""
-    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def proof_key(identity: dict, world_size: int, backend: str, python: str, environment: dict[str, str], *,
-              fabric: dict[str, Any] | None = None) -> str:
-    material = {"identity": identity, "world_size": int(world_size), "backend": backend, "python": python,
-                "environment": interconnect_environment(environment)}
-    if fabric is not None:
-        material["fabric"] = fabric
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def read_records(records_dir: str) -> list[dict[str, Any]]:
-    records = []
-    try:
-        names = sorted(os.listdir(records_dir))
-    except OSError:
-        return []
-    for name in names:
-        if name.endswith(".json"):
-            try:
-                with open(os.path.join(records_dir, name), encoding="utf-8") as handle:
-                    records.append(json.load(handle))
-            except (OSError, ValueError):
-                continue
-    return records
-
-
-def find_record(records: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
-    return next((r for r in records if r.get("key") == key), None)
-
-
-def newest_record(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return max(records, key=lambda r: r.get("proven_at", ""), default=None)
-
-
-def differences(last: dict[str, Any] | None, identity: dict, world_size: int, python: str,
-                environment: dict[str, str], *, fabric: dict[str, Any] | None = None) -> list[str]:
-    """What differs from the last recorded proof, in words (empty when nothing was ever proven here)."""
-    if not last:
-        return []
-    found = []
-    old_identity = last.get("identity", {})
-    for name in sorted(set(old_identity) | set(identity)):
-        if old_identity.get(name) != identity.get(name):
-            found.append(f"{name}: {old_identity.get(name)} -> {identity.get(name)}")
-    if int(last.get("world_size", 0)) != int(world_size):
-        found.append(f"world size: {last.get('world_size')} -> {world_size}")
-    if last.get("python") != python:
-        found.append(f"python: {last.get('python')} -> {python}")
-    old_fabric = last.get("fabric", {})
-    for name in sorted(set(old_fabric) | set(fabric or {})):
-        if old_fabric.get(name) != (fabric or {}).get(name):
-            found.append(f"{name.replace('_', ' ')}: {old_fabric.get(name, '(not recorded)')} -> "
-                         f"{(fabric or {}).get(name)}")
-    old_env = last.get("environment", {})
-    for name in sorted(set(old_env) | set(environment)):
-        if old_env.get(name) != environment.get(name):
-            found.append(f"{name}: {old_env.get(name, '(unset)')} -> {environment.get(name, '(unset)')}")
-    return found
-
-
-def proven_message(record: dict[str, Any]) -> str:
-    return (f"interconnect proven on {record.get('proven_at')} by release {record.get('release')} "
-            f"({record.get('world_size')} ranks, key {record.get('key')}); not run again")
-
-
-def not_proven_message(last: dict[str, Any] | None, found: list[str]) -> str:
-    if not last:
-        return "no interconnect proof is recorded on this host"
-    return (f"the interconnect is not proven for this driver, GPU set and environment (last proof on "
-            f"{last.get('proven_at')} by release {last.get('release')}; changed: {'; '.join(found) or 'key'})")
 
 
 def systemd_run_argv(params: dict[str, Any], settings: list[tuple[str, str]], unit_name: str) -> list[str]:
@@ -276,57 +230,24 @@ def systemd_run_argv(params: dict[str, Any], settings: list[tuple[str, str]], un
     argv += ["--", params["python"], params["script"], "--world-size", str(params["world_size"]),
              "--backend", params["backend"], "--timeout-s", str(params["timeout_s"]),
              "--sizes-mib", ",".join(f"{float(m):g}" for m in params["sizes_mib"]),
-             "--nvidia-smi", params["nvidia_smi"]]
+             "--nvidia-smi", params["nvidia_smi"], "--engine", params["engine"]]
+    if params["engine_flags"]:
+        argv += ["--engine-flags", ",".join(params["engine_flags"])]
+    if params["custom_all_reduce"]:
+        argv.append("--custom-all-reduce")
     if params["gpus"]:
         argv += ["--gpus", ",".join(params["gpus"])]
     return argv
 
 
-def parse_report(stdout: str) -> dict[str, Any] | None:
-    """The proof's JSON document (the whole of stdout), or None when it printed none."""
-    text = stdout.strip()
-    start = text.find("{")
-    if start < 0:
-        return None
-    try:
-        report = json.loads(text[start:])
-    except ValueError:
-        return None
-    return report if isinstance(report, dict) else None
-
-
-def failure_message(report: dict[str, Any] | None, rc: int, stderr: str, unit_name: str) -> str:
-    """Ranks that did not finish, the IOMMU mode, ACS redirection, topo -p2p r and the fix, in one message."""
-    if report is None:
-        return (f"interconnect proof FAILED: {unit_name} ended with exit {rc} without a report: "
-                f"{stderr.strip()[-1500:] or '(no output)'}. Fix: {README_FIX}")
-    parts = [f"interconnect proof FAILED ({report.get('backend')}, {report.get('world_size')} ranks, "
-             f"uid {report.get('uid')} {report.get('user')}): {report.get('reason') or f'exit {rc}'}"]
-    unfinished = report.get("unfinished_ranks")
-    if unfinished:
-        parts.append("ranks that did not finish: " + ", ".join(map(str, unfinished)))
-    diagnostics = report.get("diagnostics", {})
-    pcie = diagnostics.get("pcie", {})
-    if "iommu" in pcie:
-        iommu = pcie["iommu"]
-        parts.append(f"IOMMU mode: {iommu.get('mode')} ({iommu.get('source')})")
-        acs = pcie.get("acs", {})
-        ports = [f"{p['bdf']} ({'+ '.join(p['redirecting'])}+)" for p in acs.get("redirecting", [])]
-        parts.append("PCIe ports with ACS ReqRedir+/CmpltRedir+: " + (", ".join(ports) if ports else "none" if
-                                                                     acs.get("checked") else
-                                                                     f"not checked ({acs.get('error', 'no lspci')})"))
-    elif "pcie" in diagnostics:
-        parts.append(f"IOMMU/ACS: {pcie.get('error')}")
-    if "topo_p2p_read" in diagnostics:
-        parts.append("nvidia-smi topo -p2p r:\n" + str(diagnostics["topo_p2p_read"]).rstrip())
-    parts.append(f"Fix: {README_FIX}")
-    return "; ".join(parts)
-
-
 def record_of(report: dict[str, Any], key: str, params: dict[str, Any], environment: dict[str, str],
               fabric: dict[str, Any]) -> dict:
     largest = [r for rank in report.get("ranks", [])[:1] for r in rank.get("results", [])]
-    return {"key": key, "proven_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    first = (report.get("ranks") or [{}])[0]
+    return {"engine_settings": engine_of(params), "engine_environment": report.get("engine_environment"),
+            "steps": first.get("steps", []), "nccl": first.get("nccl"), "torch": first.get("torch"),
+            "script": file_digest(params["script"]),
+            "key": key, "proven_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "release": params["release"], "identity": params["identity"], "world_size": params["world_size"],
             "backend": params["backend"], "python": params["python"], "gpus": params["gpus"],
             "environment": environment, "environment_hash": environment_hash(environment), "fabric": fabric,
@@ -334,14 +255,8 @@ def record_of(report: dict[str, Any], key: str, params: dict[str, Any], environm
             "results": largest, "test_double": report.get("test_double")}
 
 
-def write_record(records_dir: str, record: dict[str, Any]) -> None:
-    os.makedirs(records_dir, mode=0o755, exist_ok=True)
-    path = os.path.join(records_dir, f"{record['key']}.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def engine_of(params: dict[str, Any]) -> dict[str, Any]:
+    return engine_settings(params["engine"], params["engine_flags"], params["custom_all_reduce"])
 
 
 def run_proof(module: AnsibleModule, argv: list[str], unit_name: str) -> tuple[int, str, str]:
@@ -376,6 +291,9 @@ def main() -> None:
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "systemd_run": {"type": "str", "default": "systemd-run"},
             "fabric_sources": {"type": "dict", "default": {}},
+            "engine": {"type": "str", "choices": ["none", "sglang", "vllm"], "default": "none"},
+            "engine_flags": {"type": "list", "elements": "str", "default": []},
+            "custom_all_reduce": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -388,9 +306,12 @@ def main() -> None:
         environment = interconnect_environment(unit_environment(settings))
     except OSError as exc:
         module.fail_json(msg=str(exc))
+    unit_environment_as_run, environment = environment, release_neutral(environment,
+                                                                        os.path.dirname(params["unit_file"]))
     fabric = fabric_facts(params["fabric_sources"])
+    engine, script = engine_of(params), file_digest(params["script"])
     key = proof_key(params["identity"], params["world_size"], params["backend"], params["python"], environment,
-                    fabric=fabric)
+                    fabric=fabric, engine=engine, script=script)
     records = read_records(params["records_dir"])
     record = find_record(records, key)
     result: dict[str, Any] = {"changed": False, "key": key, "environment": environment, "fabric": fabric,
@@ -399,7 +320,7 @@ def main() -> None:
         module.exit_json(**result, proven=True, record=record, differences=[], message=proven_message(record))
     last = newest_record(records)
     found = differences(last, params["identity"], params["world_size"], params["python"], environment,
-                        fabric=fabric)
+                        fabric=fabric, engine=engine, script=script)
     result.update(proven=False, last=last, differences=found, message=not_proven_message(last, found))
     if params["state"] == "recorded":
         module.exit_json(**result)
@@ -413,10 +334,11 @@ def main() -> None:
         module.fail_json(msg=failure_message(report, rc, stderr, unit_name), report=report, key=key,
                          environment=environment, ran=True, proven=False)
     seen = interconnect_environment(report.get("environment") or {})
-    if seen != environment:
-        module.fail_json(msg=f"interconnect proof ran with another NCCL/CUDA environment than "
+    if seen != unit_environment_as_run:
+        module.fail_json(msg=f"interconnect proof ran with another NCCL/CUDA/engine environment than "
                              f"{os.path.basename(params['unit_file'])} "
-                             f"gives the engine: {seen} instead of {environment}; not recorded", report=report,
+                             f"gives the engine: {seen} instead of {unit_environment_as_run}; not recorded",
+                         report=report,
                          key=key, environment=environment, ran=True, proven=False)
     new = record_of(report, key, params, environment, fabric)
     write_record(params["records_dir"], new)
@@ -424,7 +346,8 @@ def main() -> None:
                      differences=found, report=report,
                      message=f"interconnect PROVEN: {report.get('world_size')} ranks as uid {report.get('uid')} "
                              f"({report.get('user')}), environment hash {report.get('environment_hash')}, "
-                             f"{report.get('elapsed_s')} s; recorded as {key} by release {params['release']}")
+                             f"{report.get('elapsed_s')} s; {steps_summary(report)}; "
+                             f"recorded as {key} by release {params['release']}")
 
 
 if __name__ == "__main__":

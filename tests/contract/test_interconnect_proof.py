@@ -5,10 +5,12 @@ script itself. The script kills ranks that miss its deadline, so every run happe
 namespaces (unshare, private /dev/shm): it can reach only processes the test started. The script is copied
 with module_utils/bws_pcie.py beside it, as a deploy ships it.
 
-Shown here: a healthy proof passes with right sums and reports uid and NCCL/CUDA environment; a rank made to
-hang fails the proof within timeout + 10 %, naming the rank and its step, with the IOMMU/ACS diagnostics and
-the README fix; MIG on one of the profile's GPUs (nvidia-smi double) refuses before any rank starts; a hung
-nvidia-smi ends at its timeout with a message.
+Shown here: a healthy proof passes with right sums and reports uid, the NCCL/CUDA/SGLANG environment (no secret)
+and SGLang's in-process NCCL settings as each rank set them, and reports the bfloat16, CUDA-graph and peer-write
+steps skipped with the reason (gloo runs on the CPU; the GPU run is tests/gpu/interconnect_proof_smoke.py); a
+rank made to hang fails the proof within timeout + 10 %, naming the rank and its step, with the IOMMU/ACS
+diagnostics and the README fix; MIG on one of the profile's GPUs (nvidia-smi double) refuses before any rank
+starts; a hung nvidia-smi ends at its timeout with a message.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def nvidia_smi_double(tmp_path: Path, mig: list[str]) -> Path:
 
 def test_healthy_proof_passes_with_right_sums_and_reports_who_ran_it(shipped: Path):
     proc, _ = run_proof(shipped, "--world-size", "3", "--backend", "gloo", "--sizes-mib", "1,4",
-                        "--timeout-s", "90", "--skip-mig-check")
+                        "--timeout-s", "90", "--skip-mig-check", "--engine", "sglang",
+                        env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "NCCL_NVLS_ENABLE": "1",
+                             "VLLM_API_KEY": "s3cr3t"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["unfinished_ranks"] == [] and report["timed_out"] is False
@@ -77,6 +81,17 @@ def test_healthy_proof_passes_with_right_sums_and_reports_who_ran_it(shipped: Pa
     for rank in report["ranks"]:
         assert rank["finished"] and rank["step"] == "finished" and rank["returncode"] == 0
         assert [(r["mib"], r["wrong_elements"]) for r in rank["results"]] == [(1.0, 0), (4.0, 0)]
+        # SGLang's settings, set in the rank before torch: NVLS kept as the unit set it, the others added.
+        assert rank["engine_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_CUMEM_ENABLE": "0"}
+        assert [(s["step"], s["status"]) for s in rank["steps"]] == [
+            ("bf16 small messages", "skipped"), ("cuda graph all_reduce", "skipped"),
+            ("ipc peer-write all_reduce", "skipped")]
+        assert all(s["reason"] == "skipped: needs the nccl backend on CUDA GPUs (gloo runs on the CPU)"
+                   for s in rank["steps"])
+    assert report["engine_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_CUMEM_ENABLE": "0"}
+    assert report["peer_to_peer_all_reduce"] == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (FlashInfer PCIe IPC all-reduce)"
+    assert report["environment"]["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"
+    assert "VLLM_API_KEY" not in report["environment"] and "s3cr3t" not in proc.stdout
     assert report["uid"] == os.getuid()
     assert report["environment"]["NCCL_DEBUG"] == "WARN"
     assert report["environment"]["CUDA_VISIBLE_DEVICES"] == ""

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Smoke of the interconnect proof script with NCCL on a real NVIDIA GPU (world size 1 by default).
 
-At world size 1 NCCL moves no byte between GPUs: this proves the script (CUDA device selection, NCCL init
-through the file store, the sum check, the report, the MIG query) and not the interconnect. The interconnect
-itself is proven only on a multi-GPU host: pass ``--world-size N`` there (N GPUs visible).
+At world size 1 NCCL moves no byte between GPUs: this proves the script (CUDA device selection, the engine's
+in-process NCCL/CUDA settings, NCCL init through the file store, the float32 sizes, the small bfloat16 messages,
+the all-reduce captured in a CUDA graph, the sum checks, the report, the MIG query) and not the interconnect;
+the peer-write all-reduce reports "not run: needs >= 2 GPUs". The interconnect itself is proven only on a
+multi-GPU host: pass ``--world-size N`` there (N GPUs visible).
 
     python3 tests/gpu/interconnect_proof_smoke.py [--python /path/to/python-with-cuda-torch] [--world-size N]
-        [--out tests/gpu/results]
+        [--engine sglang|vllm|none] [--custom-all-reduce] [--out tests/gpu/results] [--name interconnect_proof_smoke]
 
 It copies the script and module_utils/bws_pcie.py into a temporary directory (as a deploy ships them), runs the
 proof inside a private PID namespace when it can (``unshare --pid --fork --mount-proc``, root), so the proof's
-kill of stuck ranks can only reach its own processes, and writes ``interconnect_proof_smoke.json``.
+kill of stuck ranks can only reach its own processes, and writes ``<name>.json`` (default
+``interconnect_proof_smoke.json``).
 Exit status: the proof's.
 """
 
@@ -37,7 +40,11 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--sizes-mib", default="1,64,256")
     parser.add_argument("--timeout-s", default="60")
+    parser.add_argument("--engine", default="sglang", choices=["sglang", "vllm", "none"])
+    parser.add_argument("--custom-all-reduce", action="store_true",
+                        help="as a profile without disable-custom-all-reduce")
     parser.add_argument("--out", default=str(REPO / "tests" / "gpu" / "results"))
+    parser.add_argument("--name", default="interconnect_proof_smoke")
     args = parser.parse_args()
     if shutil.which("nvidia-smi") is None:
         print("no nvidia-smi: this smoke needs a host with an NVIDIA GPU", file=sys.stderr)
@@ -46,7 +53,8 @@ def main() -> int:
         shutil.copy(SCRIPT, tmp)
         shutil.copy(PCIE, tmp)
         argv = [args.python, str(Path(tmp) / SCRIPT.name), "--world-size", str(args.world_size), "--backend", "nccl",
-                "--sizes-mib", args.sizes_mib, "--timeout-s", args.timeout_s]
+                "--sizes-mib", args.sizes_mib, "--timeout-s", args.timeout_s, "--engine", args.engine]
+        argv += ["--custom-all-reduce"] if args.custom_all_reduce else []
         if os.geteuid() == 0 and shutil.which("unshare"):
             argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
         env = dict(os.environ)
@@ -61,12 +69,14 @@ def main() -> int:
         print(proc.stdout, file=sys.stderr)
         return proc.returncode or 1
     report["smoke"] = {"wall_s": round(wall, 3), "argv": argv,
-                       "note": "world size 1 proves the script, not the interconnect"
+                       "note": "world size 1 proves the script and the engine's settings, not the interconnect: over "
+                               "one rank NCCL launches no kernel for an in-place all-reduce, so the all-reduce times "
+                               "are the calls' cost and the CUDA graph is empty"
                        if args.world_size == 1 else "multi-GPU: the interconnect itself"}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "interconnect_proof_smoke.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {out / 'interconnect_proof_smoke.json'} (exit {proc.returncode}, {wall:.1f} s)")
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out / f'{args.name}.json'} (exit {proc.returncode}, {wall:.1f} s)")
     return proc.returncode
 
 

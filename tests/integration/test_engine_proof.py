@@ -140,7 +140,12 @@ def test_interconnect_proof_runs_as_the_unit_in_the_switch_window_once_and_a_fai
     (record_file,) = host.sh("ls /var/lib/llm-serving/interconnect/").split()
     record = json.loads(host.sh(f"cat /var/lib/llm-serving/interconnect/{record_file}"))
     assert record["uid"] == int(uid) and record["user"] == "sglang"
-    assert record["environment"] == unit_env, "the proof saw the unit's NCCL/CUDA environment (checked by the module)"
+    assert {k: v for k, v in record["environment"].items() if k.startswith(("NCCL_", "CUDA_"))} == unit_env, \
+        "the proof saw the unit's NCCL/CUDA environment (checked by the module)"
+    assert record["environment"]["SGLANG_CACHE_DIR"] == "/var/cache/sglang", "SGLANG_* variables are keyed too"
+    assert record["engine_settings"]["engine"] == "sglang"
+    assert record["engine_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_CUMEM_ENABLE": "0",
+                                            "NCCL_NVLS_ENABLE": "0"}, "SGLang's in-process NCCL settings"
     assert record["release"] == host.state()["current"] and record["test_double"].startswith("INTERCONNECT PROOF")
     assert record["identity"]["driver_version"] == "580.105.08" and len(record["identity"]["gpus"]) == 1
     (started,) = proof_runs(host)

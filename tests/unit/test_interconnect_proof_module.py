@@ -19,6 +19,8 @@ use_repository_module_utils()
 sys.path.insert(0, str(REPO / "library"))
 sys.path.insert(0, str(REPO / "roles" / "engine_service" / "filter_plugins"))
 
+import importlib.util  # noqa: E402
+
 import interconnect_proof as proof  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
 from systemd_quote import systemd_env_value  # noqa: E402
@@ -66,7 +68,8 @@ def test_systemd_run_gets_the_units_user_environment_and_hardening_but_not_its_l
     settings = proof.service_settings(unit_text(ENV))
     params = {"systemd_run": "systemd-run", "timeout_s": 60, "python": "/opt/sglang/venv/bin/python",
               "script": "/usr/local/libexec/llm-serving/interconnect_proof.py", "world_size": 8, "backend": "nccl",
-              "sizes_mib": [1.0, 64.0, 256.0], "nvidia_smi": "nvidia-smi", "gpus": ["0", "1"]}
+              "sizes_mib": [1.0, 64.0, 256.0], "nvidia_smi": "nvidia-smi", "gpus": ["0", "1"], "engine": "sglang",
+              "engine_flags": ["enable-nccl-nvls"], "custom_all_reduce": True}
     argv = proof.systemd_run_argv(params, settings, "sglang-interconnect-proof")
     props = [argv[i + 1] for i, word in enumerate(argv) if word == "-p"]
     assert "User=sglang" in props and "NoNewPrivileges=yes" in props and "ProtectSystem=strict" in props
@@ -78,11 +81,25 @@ def test_systemd_run_gets_the_units_user_environment_and_hardening_but_not_its_l
     assert argv[argv.index("--") + 1:] == [
         "/opt/sglang/venv/bin/python", "/usr/local/libexec/llm-serving/interconnect_proof.py", "--world-size", "8",
         "--backend", "nccl", "--timeout-s", "60", "--sizes-mib", "1,64,256", "--nvidia-smi", "nvidia-smi",
-        "--gpus", "0,1"]
+        "--engine", "sglang", "--engine-flags", "enable-nccl-nvls", "--custom-all-reduce", "--gpus", "0,1"]
     assert {"--wait", "--pipe", "--collect", "--unit=sglang-interconnect-proof"} <= set(argv)
 
 
 IDENTITY = {"driver_version": "580.105.08", "gpus": ["GPU-a", "GPU-b"], "engine": "sglang 0.5.23"}
+
+
+def test_a_path_inside_the_release_directory_does_not_make_the_next_release_prove_again():
+    """SGLang's unit points SGLANG_LOGGING_CONFIG_PATH at its release's logging.json: the key must not name the
+    release, or every deploy would prove again on an unchanged fabric."""
+    def key(release: str, level: str = "1") -> str:
+        directory = f"/var/lib/llm-serving/releases/{release}"
+        env = proof.interconnect_environment({**ENV, "NCCL_P2P_LEVEL": level,
+                                              "SGLANG_LOGGING_CONFIG_PATH": f"{directory}/logging.json"})
+        return proof.proof_key(IDENTITY, 2, "nccl", "/py", proof.release_neutral(env, directory))
+    assert key("sglang-aaaa") == key("sglang-bbbb")
+    assert key("sglang-aaaa") != key("sglang-bbbb", level="2")
+    assert proof.release_neutral({"SGLANG_X": "/var/lib/llm-serving/releases/a/x"}, "/var/lib/llm-serving/releases/a/")[
+        "SGLANG_X"] == "<release>/x"
 
 
 def test_the_key_changes_with_driver_gpus_engine_world_size_python_and_interconnect_environment_only():
@@ -258,3 +275,91 @@ def test_gpu_facts_reads_the_mig_mode_from_the_nvidia_smi_double(tmp_path, capsy
         gpu_facts.main()
     result = json.loads(capsys.readouterr().out)
     assert [g["mig_mode"] for g in result["gpus"]] == ["Disabled", "Enabled", None]
+
+
+def load_script():
+    """The proof script itself (standard library at import; torch only in its ranks)."""
+    spec = importlib.util.spec_from_file_location(
+        "interconnect_proof_script", REPO / "roles" / "engine_service" / "files" / "interconnect_proof.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_key_holds_engine_variables_engine_settings_and_the_script_but_no_secret():
+    env = proof.interconnect_environment({**ENV, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "VLLM_API_KEY": "s3cr3t",
+                                          "SGLANG_ADMIN_API_KEY": "x", "HF_TOKEN": "y", "NCCL_TOKEN_DUMMY": "z"})
+    assert env == {"CUDA_HOME": "/usr/local/cuda", "NCCL_DEBUG": "WARN", "NCCL_P2P_LEVEL": "SYS",
+                   "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
+    script = load_script()
+    assert script.proof_environment({**ENV, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "VLLM_API_KEY": "s"}) == env, \
+        "the script reports exactly what the module keys"
+    base = proof.engine_settings()
+    key = proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=base)
+    assert key == proof.proof_key(IDENTITY, 2, "nccl", "/py", env), "records from before engine settings still match"
+    sglang = proof.engine_settings("sglang", [], False)
+    changed = [proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=sglang),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=proof.engine_settings("vllm")),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=proof.engine_settings("sglang", [], True)),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", env,
+                               engine=proof.engine_settings("sglang", ["enable-nccl-nvls"])),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=sglang, script="0123456789abcdef"),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", {**env, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"},
+                               engine=sglang),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", {**env, "VLLM_BATCH_INVARIANT": "1"}, engine=sglang)]
+    assert len({key, *changed}) == 8
+    last = {"identity": IDENTITY, "world_size": 2, "python": "/py", "environment": env, "script": "aaaa"}
+    found = proof.differences(last, IDENTITY, 2, "/py", env, engine=proof.engine_settings("sglang", [], True),
+                              script="bbbb")
+    assert found == ["engine settings (custom_all_reduce): False -> True", "engine settings (engine): none -> sglang",
+                     "proof script: aaaa -> bbbb"]
+
+
+def test_the_engine_sets_its_nccl_environment_in_the_ranks_as_its_own_code_does():
+    script = load_script()
+    assert script.engine_environment("sglang", {}, []) == {
+        "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    # Where the unit sets them SGLang keeps them, except CUDA_DEVICE_MAX_CONNECTIONS, which it always sets.
+    assert script.engine_environment("sglang", {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1",
+                                                "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, []) == {
+        "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    nvls = script.engine_environment("sglang", {"NCCL_NVLS_ENABLE": "0"}, ["enable-nccl-nvls"])
+    assert nvls["NCCL_NVLS_ENABLE"] == "1"
+    assert script.engine_environment("sglang", {"NCCL_CUMEM_ENABLE": "0"}, ["enable-symm-mem"]) == {
+        "NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    assert script.engine_environment("vllm", {}, []) == {}, "vLLM 0.33.0 sets none on its default CUDA path"
+    assert script.engine_environment("vllm", {"VLLM_BATCH_INVARIANT": "1"}, [])["NCCL_PROTO"] == "Simple"
+    assert script.engine_environment("none", {}, []) == {}
+
+
+def plan(script, *argv: str, env: dict | None = None) -> dict:
+    args = script.parse_args(["--world-size", "1", *argv])
+    return dict(script.step_plan(args, env or {}))
+
+
+def test_steps_that_cannot_run_are_reported_skipped_or_not_run_with_the_reason(monkeypatch):
+    monkeypatch.delenv("BWS_PROOF_TEST_HANG_RANK", raising=False)
+    script = load_script()
+    on_cpu = "skipped: needs the nccl backend on CUDA GPUs (gloo runs on the CPU)"
+    gloo = plan(script, "--backend", "gloo", "--engine", "sglang", env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    assert gloo == {"bf16 small messages": on_cpu, "cuda graph all_reduce": on_cpu, "ipc peer-write all_reduce": on_cpu}
+    one_gpu = plan(script, "--engine", "sglang", env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "true"})
+    assert one_gpu == {"bf16 small messages": None, "cuda graph all_reduce": None,
+                       "ipc peer-write all_reduce": "not run: needs >= 2 GPUs"}
+    assert plan(script, "--custom-all-reduce")["ipc peer-write all_reduce"] == "not run: needs >= 2 GPUs"
+    assert plan(script)["ipc peer-write all_reduce"] == "not run: needs >= 2 GPUs"
+    off = plan(script, "--world-size", "8", "--engine", "vllm", env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    assert off["ipc peer-write all_reduce"].startswith("not run: the profile turns on no peer-to-peer all-reduce")
+    assert plan(script, "--world-size", "8", "--engine", "sglang",
+                env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})["ipc peer-write all_reduce"] is None
+    with pytest.raises(SystemExit):
+        script.parse_args(["--world-size", "1", "--engine-flags", "enable-everything"])
+    # The module's one line says what ran and why the rest did not.
+    report = {"engine": "sglang", "engine_environment": {"NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"},
+              "ranks": [{"steps": [{"step": "bf16 small messages", "status": "skipped", "reason": on_cpu},
+                                   {"step": "ipc peer-write all_reduce", "status": "not run",
+                                    "reason": "not run: needs >= 2 GPUs"}]}]}
+    assert proof.steps_summary(report) == (
+        "engine sglang settings CUDA_DEVICE_MAX_CONNECTIONS=8, NCCL_NVLS_ENABLE=0; bf16 small messages: skipped "
+        "(needs the nccl backend on CUDA GPUs (gloo runs on the CPU)); ipc peer-write all_reduce: not run "
+        "(needs >= 2 GPUs)")
