@@ -3,7 +3,9 @@
 SGLang's `python -m sglang.benchmark.serving` (0.5.23) and vLLM's `vllm bench serve` (0.33.0), from the contract
 venvs, run with the arguments the verify role builds from the pinned locks' `bench:` recipes, on the ShareGPT test
 fixture, with a tokenizer that loads only with trust_remote_code (custom code through `auto_map`, as Kimi's).
-Two playbook runs share the doubles:
+The doubles serve with Kimi's reasoning parser, and the gated (ShareGPT) levels go through each client's chat path:
+streamed /v1/chat/completions requests with `thinking: true`, whose tokens all arrive as reasoning deltas, which
+each client must count. Two playbook runs share the doubles:
 
 1. `record` serves a profile without speculation; its run (verify_mode=baseline: no smoke) records the baseline
    on the host. Beside it, vLLM's client without --trust-remote-code fails on the tokenizer.
@@ -51,6 +53,8 @@ SPEED = {"ENGINE_DOUBLE_TOKENS_PER_S": "50"}
 # speculative output tok/s = accept length / spec cost x base: 1.18/1.78 = 0.66x, 2.95/1.64 = 1.8x
 SLOW = {**SPEED, "ENGINE_DOUBLE_ACCEPT_RATE": "0.15", "ENGINE_DOUBLE_SPEC_COST": "1.78"}
 FAST = {**SPEED, "ENGINE_DOUBLE_ACCEPT_RATE": "0.8", "ENGINE_DOUBLE_SPEC_COST": "1.64"}
+# Kimi-K2.5 as the releases serve it: it thinks unless a request turns thinking off.
+KIMI_PARSER = {"reasoning-parser": "kimi_k2"}
 # One gated level, four ShareGPT prompts of 32 output tokens: a couple of seconds per run at 50 tok/s.
 WORKLOAD = {"verify_concurrency": [1], "verify_gate_concurrency": [1], "verify_bench_output_len": 32,
             "verify_bench_min_prompts": 4, "verify_bench_prompts_per_concurrency": 4,
@@ -67,9 +71,9 @@ def _model_dir(root: Path, revision: str) -> Path:
 
 def _vllm_without_trust(python: Path, double: EngineDouble, work: Path, env: dict[str, str]) -> subprocess.Popen:
     """vLLM's client as verify would run it, less --trust-remote-code: it must refuse the tokenizer."""
-    args = ["bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "sharegpt",
-            "--dataset-path", str(SHAREGPT_FIXTURE), "--sharegpt-output-len", "8", "--base-url", double.base_url,
-            "--model", double.served_name, "--tokenizer", str(TOKENIZER), "--num-prompts", "1",
+    args = ["bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--dataset-name",
+            "sharegpt", "--dataset-path", str(SHAREGPT_FIXTURE), "--sharegpt-output-len", "8", "--base-url",
+            double.base_url, "--model", double.served_name, "--tokenizer", str(TOKENIZER), "--num-prompts", "1",
             "--temperature", "0.0", "--save-result", "--result-dir", str(work / "untrusted")]
     return subprocess.Popen([str(python), "-m", "vllm.entrypoints.cli.main", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env={**os.environ, **env})
@@ -89,7 +93,8 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
     env = {"HF_HOME": str(work / "hf-home")}  # transformers copies the tokenizer's custom code under it
     model = _model_dir(work / "models" / "kimi", "c0ffee0000000000000000000000000000000001")
     other_model = _model_dir(work / "models" / "kimi-other", "deadbeef00000000000000000000000000000002")
-    doubles = {name: EngineDouble(work, name, flavour, speculative=spec, env=denv)
+    doubles = {name: EngineDouble(work, name, flavour, speculative=spec, options=KIMI_PARSER,
+                                  env={**denv, "ENGINE_DOUBLE_REQUEST_LOG": str(work / f"{name}-requests.jsonl")})
                for name, flavour, spec, denv in (("base", "sglang", False, SPEED), ("slow", "sglang", True, SLOW),
                                                  ("fast", "sglang", True, FAST), ("fast2", "sglang", True, FAST),
                                                  ("vfast", "vllm", True, FAST))}
@@ -156,17 +161,42 @@ def _inputs(runs: dict, host: str) -> dict:
 
 
 def test_the_real_clients_ran_with_the_recipes_arguments_on_sharegpt(runs):
-    for host, marker in (("record", "sglang.benchmark.serving"), ("vllm", "vllm.entrypoints.cli.main")):
+    for host, marker, backend in (("record", "sglang.benchmark.serving", "sglang-oai-chat"),
+                                  ("vllm", "vllm.entrypoints.cli.main", "openai-chat")):
         inputs = _inputs(runs, host)
         assert marker in inputs["bench"]["command"]
         result = inputs["bench"]["levels"][0]["result"]  # the real client's (the command above), allow-listed
+        # every token was thinking (streamed as reasoning deltas), and each client counted all of them
         assert result["completed"] == 4 and result["total_output_tokens"] == 4 * 32, result
+        assert result["backend"] == backend
     assert _inputs(runs, "record")["bench"]["levels"][0]["result"]["dataset_name"] == "sharegpt"
     report = _report(runs, "vllm")
     assert report["levels"][0]["workload"] == "sharegpt" and report["workloads"]["sharegpt"]["temperature"] == 0.0
     assert "speedup" not in report["levels"][0]  # nothing recorded on this host: see the next-but-one test
     assert report["levels"][0]["acceptance"]["rate"] > 0.3  # the window saw the double's drafts
     assert "--trust-remote-code" in runs["output"]  # the release says trust_remote_code: the role passes it
+
+
+def _bench_requests(runs: dict, double: str) -> list[dict]:
+    """The generation requests the double got from the benchmark client (the smoke asks for other max_tokens)."""
+    log = runs["work"] / f"{double}-requests.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return [line for line in lines if line["max_tokens"] == WORKLOAD["verify_bench_output_len"]]
+
+
+@pytest.mark.parametrize(("host", "double"), [("record", "base"), ("vllm", "vfast")])
+def test_the_gated_level_sent_the_conversations_as_chat_requests(runs, host, double):
+    """What users send: each ShareGPT human turn as the user message of a streamed chat completion, thinking on
+    (Kimi's default, so the drafter is measured on reasoning tokens), with the recipe's fixed output length."""
+    requests = _bench_requests(runs, double)
+    assert len(requests) == 4, requests
+    for request in requests:
+        assert request == {"path": "/v1/chat/completions", "stream": True, "include_usage": True, "ignore_eos": True,
+                           "chat_template_kwargs": {"thinking": True}, "temperature": 0.0, "max_tokens": 32,
+                           "roles": ["user"]}, request
+    workload = _report(runs, host)["workloads"]["sharegpt"]
+    assert workload["endpoint"] == "/v1/chat/completions" and workload["chat_template_kwargs"] == {"thinking": True}
+    assert _report(runs, host)["baseline_key"]["workloads"]["sharegpt"] == workload  # the route is in the key
 
 
 def test_vllm_client_refuses_the_custom_code_tokenizer_without_the_flag(runs):
@@ -225,16 +255,20 @@ def test_the_bench_client_double_writes_the_keys_the_real_client_writes(runs, ho
               "--dataset-name", "sharegpt", "--dataset-path", str(SHAREGPT_FIXTURE), "--sharegpt-output-len", "8",
               "--num-prompts", "2", "--max-concurrency", "1", "--request-rate", "inf"]
     if prefix:
-        flavour = ["--backend", "openai", "--ignore-eos", "--temperature", "0.0", "--num-warmups", "0",
+        flavour = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--ignore-eos", "--temperature",
+                   "0.0", "--extra-body", '{"chat_template_kwargs":{"thinking":true}}', "--num-warmups", "0",
                    "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99", "--save-result",
                    "--result-dir", str(out), "--result-filename", "r.json"]
     else:
-        flavour = ["--backend", "sglang-oai", "--warmup-requests", "0", "--extra-request-body", '{"temperature":0.0}',
+        body = '{"chat_template_kwargs":{"thinking":true},"stream_options":{"include_usage":true},"temperature":0.0}'
+        flavour = ["--backend", "sglang-oai-chat", "--warmup-requests", "0", "--extra-request-body", body,
                    "--output-file", str(out / "r.json")]
     out.mkdir()
     subprocess.run([sys.executable, str(BENCH_DOUBLE), *prefix, *common, *flavour], check=True, capture_output=True,
                    timeout=60)
     written = json.loads((out / "r.json").read_text().splitlines()[-1])
+    sent = [json.loads(line) for line in (runs["work"] / f"{double}-requests.jsonl").read_text().splitlines()]
+    assert {(r["path"], r["max_tokens"]) for r in sent if r["max_tokens"] == 8} == {("/v1/chat/completions", 8)}
     # the names of every field the real client wrote (verify keeps the values of its allow-list only)
     real = set(_inputs(runs, host)["bench"]["levels"][0]["result_fields"])
     assert set(written) - {"tag"} <= real, set(written) - {"tag"} - real

@@ -4,9 +4,11 @@
 It is not the real client. It accepts the flags the verify role passes to
     python -m sglang.benchmark.serving ...          (SGLang flavour: no leading positional words)
     vllm bench serve ...                            (vLLM flavour: invoked as `<double> bench serve ...`)
-really sends the requests to the server with the given concurrency (non-streaming
-/v1/completions; the TTFT it reports is therefore the full request latency), measures, and writes the
-output file with the schema of the real client of that engine:
+really sends the requests to the server with the given concurrency, to the route the real client would use
+(a chat backend, SGLang's sglang-oai-chat or vLLM's openai-chat with --endpoint /v1/chat/completions: the prompt
+as the one user message of a chat completion; otherwise /v1/completions), but not streamed (the TTFT it reports is
+therefore the full request latency), measures, and writes the output file with the schema of the real client of
+that engine:
     SGLang: one JSON line appended to --output-file (sglang.benchmark.serving keys)
     vLLM:   one JSON document at --result-dir/--result-filename (vllm bench serve keys, including the
             spec_decode_* fields computed from /metrics before and after the run, as vLLM does).
@@ -57,6 +59,7 @@ def build_parser(flavour: str) -> argparse.ArgumentParser:
         add("--extra-request-body", default="")
     else:
         add("--temperature", type=float)
+        add("--extra-body", type=json.loads)
         add("--trust-remote-code", action="store_true")
         add("--endpoint", default="/v1/completions")
         add("--ignore-eos", action="store_true")
@@ -80,25 +83,45 @@ class Outcome:
 
 def sampling(args: argparse.Namespace) -> dict[str, object]:
     """What the real clients put in each request body: SGLang temperature 0.0 unless --extra-request-body
-    names one (sglang/benchmark/serving.py); vLLM a temperature only when given (vllm/benchmarks/serve.py)."""
+    names one (sglang/benchmark/serving.py); vLLM a temperature only when given, then --extra-body
+    (vllm/benchmarks/serve.py). Not streamed, so no stream_options (the engines refuse them without `stream`)."""
     if hasattr(args, "extra_request_body"):
-        return {"temperature": 0.0, "ignore_eos": True, **json.loads(args.extra_request_body or "{}")}
-    temperature = {} if args.temperature is None else {"temperature": args.temperature}
-    return {"ignore_eos": bool(args.ignore_eos), **temperature}
+        body = {"temperature": 0.0, "ignore_eos": True, **json.loads(args.extra_request_body or "{}")}
+    else:
+        temperature = {} if args.temperature is None else {"temperature": args.temperature}
+        body = {"ignore_eos": bool(args.ignore_eos), **temperature, **(args.extra_body or {})}
+    body.pop("stream_options", None)
+    return body
 
 
-def post_completion(base_url: str, model: str, prompt: str, max_tokens: int,
+def route(args: argparse.Namespace) -> str:
+    """The route the real client posts to: SGLang's by backend (sglang/benchmark/serving.py _BACKEND_API_PATHS),
+    vLLM's --endpoint, which its openai-chat backend requires to end in chat/completions
+    (vllm/benchmarks/lib/endpoint_request_func.py)."""
+    if hasattr(args, "extra_request_body"):
+        return "/v1/chat/completions" if args.backend == "sglang-oai-chat" else "/v1/completions"
+    if args.backend == "openai-chat" and not args.endpoint.endswith("chat/completions"):
+        raise SystemExit(f"bench_client_double: backend openai-chat needs a chat/completions --endpoint, "
+                         f"got {args.endpoint!r}")
+    return args.endpoint
+
+
+def post_completion(url: str, model: str, prompt: str, max_tokens: int,
                     extra: dict[str, object]) -> tuple[float, int]:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, **extra}).encode()
-    request = urllib.request.Request(f"{base_url.rstrip('/')}/v1/completions", data=body,
+    if url.endswith("chat/completions"):
+        payload = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                   "max_completion_tokens": max_tokens, **extra}
+    else:
+        payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **extra}
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json"})
     key = os.environ.get("OPENAI_API_KEY")
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=300) as response:
-        payload = json.loads(response.read())
-    return time.perf_counter() - start, int(payload["usage"]["completion_tokens"])
+        reply = json.loads(response.read())
+    return time.perf_counter() - start, int(reply["usage"]["completion_tokens"])
 
 
 def sharegpt_prompts(path: str, count: int, seed: int) -> list[str]:
@@ -117,12 +140,12 @@ def run_requests(args: argparse.Namespace, model: str, count: int) -> Outcome:
     else:
         prompts = [" ".join(f"w{rng.randrange(30000)}" for _ in range(args.random_input_len)) for _ in range(count)]
         output_len = args.random_output_len
-    extra = sampling(args)
+    extra, url = sampling(args), args.base_url.rstrip("/") + route(args)
     outcome = Outcome()
 
     def one(prompt: str) -> None:
         try:
-            latency, produced = post_completion(args.base_url, model, prompt, output_len, extra)
+            latency, produced = post_completion(url, model, prompt, output_len, extra)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
             outcome.errors.append(str(exc))
             return

@@ -40,6 +40,8 @@ Environment (all optional):
     ENGINE_DOUBLE_TOKENS_PER_S  decode speed of one sequence without speculation (default 400)
     ENGINE_DOUBLE_ACCEPT_RATE   fraction of drafted tokens accepted when speculation is on (default 0.6)
     ENGINE_DOUBLE_SPEC_COST     relative cost of one verify step vs a plain decode step (default 1.3)
+    ENGINE_DOUBLE_REQUEST_LOG   a file to which each generation request appends one JSON line: its route and what
+                              decides what is generated (stream, usage, ignore_eos, chat_template_kwargs, messages)
 Stdlib only: it runs inside the systemd test hosts with the distribution's python3.
 """
 
@@ -147,6 +149,21 @@ class Engine:
         self.gracefully_exit = False
         self.unhealthy = False  # a /health generation timed out (SGLang's ServerStatus.UnHealthy)
         self.aborts: set[threading.Event] = set()  # one per request in flight; /abort_request sets them all
+        self.request_log = os.environ.get("ENGINE_DOUBLE_REQUEST_LOG") or None
+
+    def log_request(self, path: str, request: dict) -> None:
+        """One line per generation request (ENGINE_DOUBLE_REQUEST_LOG): what the tests check a client sent."""
+        if not self.request_log:
+            return
+        messages = request.get("messages")
+        line = {"path": path, "stream": bool(request.get("stream")),
+                "include_usage": bool((request.get("stream_options") or {}).get("include_usage")),
+                "ignore_eos": request.get("ignore_eos"), "chat_template_kwargs": request.get("chat_template_kwargs"),
+                "temperature": request.get("temperature"),
+                "max_tokens": request.get("max_tokens") or request.get("max_completion_tokens"),
+                "roles": [m.get("role") for m in messages] if isinstance(messages, list) else None}
+        with self.lock, open(self.request_log, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
 
     def _speculative_steps(self) -> int:
         if self.flavour == "sglang":
@@ -384,6 +401,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.engine.in_flight += 1
                 self.engine.aborts.add(self.aborted)
             try:
+                self.engine.log_request(path, request)
                 self._completion(request, chat=path.endswith("chat/completions") or path == "/invocations")
             finally:
                 with self.engine.lock:
@@ -464,7 +482,7 @@ class Handler(BaseHTTPRequestHandler):
         max_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
         max_tokens = max(1, min(max_tokens, 4096))
         if chat:
-            prompt = " ".join(str(m.get("content", "")) for m in request.get("messages", []))
+            prompt = " ".join(message_text(m.get("content")) for m in request.get("messages", []))
         else:
             prompt = str(request.get("prompt", ""))
         prompt_tokens = max(1, len(prompt.split()))
@@ -605,6 +623,16 @@ class Handler(BaseHTTPRequestHandler):
             usage["reasoning_tokens"] = reply.reasoning_words
         return {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.engine.served_name, "choices": [], "usage": usage}
+
+
+def message_text(content: object) -> str:
+    """A chat message's text: a string, or a list of content parts whose text parts are joined with newlines
+    (vLLM 0.33.0 vllm/renderers/chat_utils/chat_message.py, the text a string-format chat template gets; vLLM's
+    benchmark client sends its prompts as [{"type": "text", "text": ...}])."""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content
+                         if isinstance(part, dict) and part.get("type") == "text")
+    return "" if content is None else str(content)
 
 
 class Reply:

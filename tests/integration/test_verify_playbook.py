@@ -297,7 +297,9 @@ def test_acceptance_is_counted_over_the_benchmark_window_only(run):
         window_tokens += detail["generation_tokens"]
     pre, final = run["pre_window"], run["final_fast"]
     generated_by_playbook = final["sglang:generation_tokens_total"] - pre["sglang:generation_tokens_total"]
-    assert generated_by_playbook == window_tokens + int(report["smoke"]["completion_tokens"])
+    smoke = report["smoke"]  # the greedy and the sampled smoke request generated too
+    assert generated_by_playbook == window_tokens + int(smoke["completion_tokens"]) + int(
+        smoke["sampled"]["completion_tokens"])
     since_start = report["since_start"]["avg_spec_accept_length"]
     assert "since engine start" in since_start["source"]
     assert since_start["value"] == pytest.approx(
@@ -324,6 +326,10 @@ def test_gated_levels_run_sharegpt_and_the_others_random_tokens(run):
     assert results[1]["dataset_name"] == "sharegpt" and results[1]["sharegpt_output_len"] == WORKLOAD["output_len"]
     assert results[8]["dataset_name"] == "random-ids" and results[8]["random_input_len"] == WORKLOAD["input_len"]
     assert report["workloads"]["sharegpt"]["temperature"] == 0.0
+    # the gated level through the client's chat path, the random tokens through completions (the lock's endpoints)
+    assert (results[1]["backend"], results[8]["backend"]) == ("sglang-oai-chat", "sglang-oai")
+    assert report["workloads"]["sharegpt"]["endpoint"] == "/v1/chat/completions"
+    assert report["workloads"]["random"]["endpoint"] == "/v1/completions"
     markdown = (host_report_dir(run["reports"], "fast") / "report.md").read_text()
     assert re.search(r"^\| 1 \| .* \| yes \| sharegpt \|$", markdown, re.MULTILINE), markdown
 
@@ -513,7 +519,8 @@ def test_garbage_output_fails_the_smoke_naming_the_reply(run):
     output = " ".join(run["output"].split())
     assert _recap(run["output"], "garbage")["failed"] == 1
     assert re.search(r"the smoke answer is wrong: asked 'What is \d+ \+ \d+\? Reply with the number only\.', "
-                     r"expected \d+; got HTTP 200 .*content 'foss foss", output), output[-3000:]
+                     r"expected \d+; the greedy \(temperature 0\) request got HTTP 200 .*content 'foss foss", output), \
+        output[-3000:]
 
 
 def test_a_deadlocked_engine_fails_the_smoke_at_its_timeout_saying_what_that_means(run):

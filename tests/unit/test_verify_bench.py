@@ -26,28 +26,67 @@ SETTINGS = {
     "base_url": "http://127.0.0.1:30000", "served_model_name": "kimi", "tokenizer": "/srv/models/kimi",
     "dataset_path": "/tmp/x/sharegpt.json", "sharegpt_output_len": 256, "random_input_len": None,
     "random_output_len": None, "num_prompts": 16, "max_concurrency": 1, "seed": 42, "warmup_requests": 1,
-    "temperature": 0.0, "request_body": {"temperature": 0.0}, "output_file": "/tmp/x/c1.json",
-    "result_dir": "/tmp/x", "result_filename": "c1.json", "trust_remote_code": True,
+    "temperature": 0.0, "output_file": "/tmp/x/c1.json", "result_dir": "/tmp/x", "result_filename": "c1.json",
+    "trust_remote_code": True,
+    # what roles/verify/vars/main.yml gives a ShareGPT (chat-route) level
+    "request_body": {"temperature": 0.0, "chat_template_kwargs": {"thinking": True},
+                     "stream_options": {"include_usage": True}},
+    "extra_body": {"chat_template_kwargs": {"thinking": True}},
 }
+RANDOM = {**SETTINGS, "dataset_path": None, "sharegpt_output_len": None, "random_input_len": 512,
+          "random_output_len": 256, "request_body": {"temperature": 0.0}, "extra_body": None}
+
+
+def _locks() -> list[tuple[str, str]]:
+    return [(path.parent.parent.name, path.stem.partition("-")[2])
+            for path in sorted((REPO / "roles").glob("*/locks/*.yml"))]
+
+
+def _flag(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, (flag, args)
+    return args[args.index(flag) + 1]
 
 
 def test_sglang_sharegpt_level_from_the_pinned_lock():
     args = bench_argv_mod.bench_argv(load_lock("sglang")["bench"], "sharegpt", SETTINGS)
-    assert args[:6] == ["--backend", "sglang-oai", "--request-rate", "inf", "--dataset-name", "sharegpt"]
-    assert args[args.index("--dataset-path") + 1] == "/tmp/x/sharegpt.json"
-    assert args[args.index("--extra-request-body") + 1] == '{"temperature":0.0}'
+    assert args[:6] == ["--request-rate", "inf", "--backend", "sglang-oai-chat", "--dataset-name", "sharegpt"]
+    assert _flag(args, "--dataset-path") == "/tmp/x/sharegpt.json"
+    # the chat request's template switches and the server's usage count ride with the temperature
+    assert _flag(args, "--extra-request-body") == ('{"chat_template_kwargs":{"thinking":true},'
+                                                   '"stream_options":{"include_usage":true},"temperature":0.0}')
+    # the server renders the conversation: no client-side template, no non-streamed requests, EOS ignored
+    assert not {"--apply-chat-template", "--disable-stream", "--disable-ignore-eos"} & set(args)
     assert "--random-input-len" not in args and "--trust-remote-code" not in args  # the client always trusts
+    random = bench_argv_mod.bench_argv(load_lock("sglang")["bench"], "random", RANDOM)
+    assert _flag(random, "--backend") == "sglang-oai" and _flag(random, "--extra-request-body") == '{"temperature":0.0}'
+
+
+@pytest.mark.parametrize(("engine", "version"), _locks())
+def test_every_lock_sends_sharegpt_to_the_chat_route_and_random_tokens_to_completions(engine, version):
+    """`endpoints` (part of the baseline key) is where the workload's flags really send the requests."""
+    bench = load_lock(engine, version)["bench"]
+    assert bench["endpoints"] == {"sharegpt": "/v1/chat/completions", "random": "/v1/completions"}
+    chat_backend = {"sglang": "sglang-oai-chat", "vllm": "openai-chat"}[engine]
+    completions_backend = {"sglang": "sglang-oai", "vllm": "openai"}[engine]
+    for workload, backend in (("sharegpt", chat_backend), ("random", completions_backend)):
+        args = bench_argv_mod.bench_argv(bench, workload, SETTINGS if workload == "sharegpt" else RANDOM)
+        assert _flag(args, "--backend") == backend
+        if engine == "vllm":  # its --endpoint defaults to /v1/completions whatever the backend
+            assert _flag(args, "--endpoint") == bench["endpoints"][workload]
+            assert "--ignore-eos" in args  # fixed output lengths on the chat route too
 
 
 def test_vllm_passes_temperature_and_trust_remote_code_only_when_the_release_says_so():
     recipe = load_lock("vllm")["bench"]
-    args = bench_argv_mod.bench_argv(recipe, "random", {**SETTINGS, "dataset_path": None, "sharegpt_output_len": None,
-                                                        "random_input_len": 512, "random_output_len": 256})
-    assert args[:2] == ["bench", "serve"] and args[args.index("--dataset-name") + 1] == "random"
-    assert args[args.index("--temperature") + 1] == "0.0" and args[-1] == "--trust-remote-code"
-    assert "--dataset-path" not in args
+    args = bench_argv_mod.bench_argv(recipe, "random", RANDOM)
+    assert args[:2] == ["bench", "serve"] and _flag(args, "--dataset-name") == "random"
+    assert _flag(args, "--temperature") == "0.0" and args[-1] == "--trust-remote-code"
+    assert "--dataset-path" not in args and "--extra-body" not in args
     untrusted = bench_argv_mod.bench_argv(recipe, "sharegpt", {**SETTINGS, "trust_remote_code": False})
     assert "--trust-remote-code" not in untrusted
+    # the chat request's template switches; the temperature keeps its own flag (the client merges both)
+    assert _flag(untrusted, "--extra-body") == '{"chat_template_kwargs":{"thinking":true}}'
+    assert _flag(untrusted, "--temperature") == "0.0"
     assert bench_argv_mod.bench_output_path(recipe, SETTINGS) == "/tmp/x/c1.json"
 
 

@@ -24,8 +24,11 @@ def bench(throughput: float, completed: int = 8) -> dict:
             "mean_ttft_ms": 300.0, "median_itl_ms": 10.0, "p99_itl_ms": 20.0}
 
 
-WORKLOADS = {"sharegpt": {"dataset": "sharegpt", "subset_sha256": "ab" * 32, "output_len": 256, "temperature": 0.0},
-             "random": {"dataset": "random", "input_len": 512, "output_len": 256, "temperature": 0.0}}
+WORKLOADS = {"sharegpt": {"dataset": "sharegpt", "endpoint": "/v1/chat/completions",
+                          "chat_template_kwargs": {"thinking": True}, "subset_sha256": "ab" * 32, "output_len": 256,
+                          "temperature": 0.0},
+             "random": {"dataset": "random", "endpoint": "/v1/completions", "input_len": 512, "output_len": 256,
+                        "temperature": 0.0}}
 KEY = {"engine": "vllm", "engine_version": "0.33.0", "model": "c0ffee",
        "tensor_parallel_size": 8, "gpu_model": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "workloads": WORKLOADS}
 
@@ -84,6 +87,20 @@ def test_test_double_is_shown_prominently():
                                         bws_metrics)
     assert report_mod.markdown(report).splitlines()[2].startswith("> **⚠ ENGINE TEST DOUBLE.**")
     assert report_mod.summary_lines(report)[0].endswith("[ENGINE TEST DOUBLE]")
+
+
+def test_the_report_says_where_both_smoke_answers_came():
+    smoke = {"question": "What is 1 + 2?", "expected": "3", "answer_field": "content", "completion_tokens": "4",
+             "finish_reason": "stop", "preview": "3", "reasoning_field": "reasoning", "reasoning_chars": "0",
+             "unauthenticated": "refused with HTTP 401",
+             "sampled": {"request": "sampled (temperature 0.6, top_p 0.95)", "answer_field": "reasoning",
+                         "completion_tokens": 9, "finish_reason": "stop", "preview": ""}}
+    report, _ = report_mod.build_report(inputs(smoke=smoke), bws_metrics)
+    assert ("- Sampled: sampled (temperature 0.6, top_p 0.95): the answer came in `reasoning`, 9 tokens, "
+            "finish_reason `stop`") in report_mod.markdown(report)
+    report, _ = report_mod.build_report(inputs(smoke={**smoke, "sampled": "not tested: verify_smoke_sampling is {}"}),
+                                        bws_metrics)
+    assert "- Sampled: not tested: verify_smoke_sampling is {}" in report_mod.markdown(report)
 
 
 def test_no_baseline_fails_the_gate_unless_allowed():
@@ -177,6 +194,24 @@ def test_baseline_from_another_host_or_key_is_flagged(tmp_path):
     assert "its 'key' differs" in warnings
     assert "profile" not in warnings
     assert "may not be a run without speculation" in warnings
+
+
+@pytest.mark.parametrize(("endpoint", "why"), [
+    ("/v1/completions", "the baseline sent the sharegpt workload to /v1/completions, this run to /v1/chat/completions"),
+    (None, "the baseline sent the sharegpt workload to a route it does not record, this run to /v1/chat/completions"),
+])
+def test_a_baseline_of_the_workload_on_another_route_is_not_compared(tmp_path, endpoint, why):
+    """A completions-route baseline (or one that does not say its route) never gates a chat-route run."""
+    sharegpt = {key: value for key, value in WORKLOADS["sharegpt"].items() if key != "endpoint"}
+    if endpoint:
+        sharegpt["endpoint"] = endpoint
+    document = recorded(baseline_key={**KEY, "workloads": {**WORKLOADS, "sharegpt": sharegpt}})
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(document))
+    report, _ = report_mod.build_report(inputs(baseline=str(path)), bws_metrics)
+    row = report["levels"][0]
+    assert "speedup" not in row and row["not_comparable"] == why
+    assert report["gate"]["failures"][0].startswith(f"speed-up not measured at concurrency 1: {why} (")
 
 
 @pytest.mark.parametrize(("content", "needle"), [

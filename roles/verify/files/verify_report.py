@@ -64,12 +64,18 @@ def _baseline_document(raw: object) -> tuple[dict, Path]:
 
 
 def _document_levels(document: dict, metrics, where: str) -> dict[int, dict]:
-    """{concurrency: {"output_throughput", "workload"?, "request_cap"?}} of a baseline document."""
+    """{concurrency: {"output_throughput", "workload"?, "endpoint"?, "request_cap"?}} of a baseline document.
+    `endpoint` is the route the baseline's workload was sent to (its key's workloads; None where not recorded)."""
     throughput = metrics.normalise_throughputs(document.get("output_throughput", {}), where)
     details = {int(k): v for k, v in (document.get("levels") or {}).items()}
+    workloads = (document.get("key") or {}).get("workloads") or {}
     cap = document.get("request_cap")
-    return {level: {"output_throughput": value, "workload": details.get(level, {}).get("workload"),
-                    "request_cap": cap} for level, value in throughput.items()}
+    levels = {}
+    for level, value in throughput.items():
+        workload = details.get(level, {}).get("workload")
+        levels[level] = {"output_throughput": value, "workload": workload, "request_cap": cap,
+                         "endpoint": (workloads.get(workload) or {}).get("endpoint") if workload else None}
+    return levels
 
 
 def _document_warnings(document: dict, inputs: dict) -> list[str]:
@@ -132,6 +138,13 @@ def not_comparable(level: dict, inputs: dict, reference: dict | None) -> str | N
     if reference.get("workload") is not None and reference["workload"] != level.get("workload"):
         return (f"the baseline ran the {reference['workload']} workload at concurrency {concurrency}, this run "
                 f"{level.get('workload')}")
+    if reference.get("workload") is not None:
+        # The same workload sent to another route (completions vs chat: another prompt, another output) is
+        # another measurement; a document that does not record the route cannot show it is the same one.
+        endpoint = ((inputs.get("bench") or {}).get("workloads") or {}).get(level.get("workload"), {}).get("endpoint")
+        if endpoint and reference.get("endpoint") != endpoint:
+            return (f"the baseline sent the {reference['workload']} workload to "
+                    f"{reference.get('endpoint') or 'a route it does not record'}, this run to {endpoint}")
     return None
 
 
@@ -256,6 +269,14 @@ def fmt(value: object, spec: str = ".1f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}" if isinstance(value, int | float) else str(value)
 
 
+def sampled_smoke_line(sampled: object) -> str:
+    """The sampled smoke request's line of the report: what it asked with and where its answer came."""
+    if not isinstance(sampled, dict):
+        return str(sampled or "not recorded")
+    return (f"{sampled.get('request')}: the answer came in `{sampled.get('answer_field')}`, "
+            f"{sampled.get('completion_tokens')} tokens, finish_reason `{sampled.get('finish_reason')}`")
+
+
 def markdown(report: dict) -> str:
     gated = report["gate_levels"] if report["mode"] == "full" and report["speculative"] else []
     lines = [f"# Verify report: {report['host']} · {report['engine']} · {report['profile']}", ""]
@@ -326,6 +347,7 @@ def markdown(report: dict) -> str:
                   f"`{smoke.get('reasoning_field')}`)",
                   f"- Chat completion: {smoke.get('completion_tokens')} tokens, finish_reason "
                   f"`{smoke.get('finish_reason')}`; first characters: `{smoke.get('preview')}`",
+                  f"- Sampled: {sampled_smoke_line(smoke.get('sampled'))}",
                   f"- Request without the API key: {smoke.get('unauthenticated')}"]
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,63 @@
+"""Where a smoke reply put the expected answer, read the same way for the greedy and the sampled smoke request."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Where an engine that thought anyway puts its reasoning: SGLang 0.5.23 `reasoning_content`
+# (srt/entrypoints/openai/protocol.py ChatMessage), vLLM 0.33.0 `reasoning`
+# (entrypoints/openai/chat_completion/protocol.py).
+REASONING_FIELDS = {"sglang": "reasoning_content", "vllm": "reasoning"}
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def contains_number(text: str, number: int) -> bool:
+    """The number as a whole number in the text, thousands separators ignored ("1,234" holds 1234; 11234 does not)."""
+    return re.search(rf"(^|[^0-9]){number}([^0-9]|$)", text.replace(",", "")) is not None
+
+
+def smoke_answer(reply: dict[str, Any], expected: Any, engine: str) -> dict[str, Any]:
+    """The parts of one chat-completion reply (engine_requests' form) that the smoke checks and reports.
+
+    `found` is "content", the reasoning field's name, or "" when the expected number is in neither; `answered` is
+    true when the reply is HTTP 200 with the number found and at least one completion token.
+    """
+    reply = _mapping(reply)
+    body = _mapping(reply.get("json"))
+    choices = body.get("choices")
+    choice = _mapping(choices[0]) if isinstance(choices, list) and choices else {}
+    message = _mapping(choice.get("message"))
+    reasoning_field = next((field for field in ("reasoning_content", "reasoning") if _text(message.get(field))),
+                           REASONING_FIELDS.get(engine, "reasoning"))
+    content, reasoning = _text(message.get("content")), _text(message.get(reasoning_field))
+    number = int(expected)
+    found = "content" if contains_number(content, number) else (
+        reasoning_field if contains_number(reasoning, number) else "")
+    usage = _mapping(body.get("usage"))
+    completion_tokens = usage.get("completion_tokens")
+    completion_tokens = completion_tokens if isinstance(completion_tokens, int) else None
+    return {
+        "answered": reply.get("status") == 200 and bool(found) and (completion_tokens or 0) > 0,
+        "status": reply.get("status", -1),
+        "msg": _text(reply.get("msg")),
+        "timed_out": reply.get("status", -1) == -1 and "timed out" in _text(reply.get("msg")),
+        "content": content,
+        "reasoning_field": reasoning_field,
+        "reasoning": reasoning,
+        "found": found,
+        "completion_tokens": completion_tokens,
+        "finish_reason": _text(choice.get("finish_reason")),
+    }
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {"smoke_answer": smoke_answer}
