@@ -17,8 +17,13 @@ description:
   - With I(unit), each poll also reads the unit's state from systemd. If the unit fails, stops, or is
     restarted by C(Restart=on-failure) (its C(NRestarts) grows), the wait ends at once instead of at the
     timeout, and the result carries the tail of the unit's journal.
-  - With I(unit) and I(stall_timeout_s), the wait also ends when the unit writes no new journal line for
+  - With I(unit) and I(stall_timeout_s), the wait also ends when the unit shows no progress for
     I(stall_timeout_s) while it is not ready (a deadlocked engine looks like a loading one to C(/health)).
+    Progress is any of - a new journal line; more bytes read from storage by the unit's cgroup (C(rbytes) of
+    its cgroup v2 C(io.stat), or, where the unit has none, C(read_bytes) of C(/proc/<pid>/io) of its
+    processes); more GPU memory held by its processes than ever before in this wait (nvidia-smi's compute
+    apps, read every 5 s; it grows as the model is created on the GPUs, the KV cache allocated, CUDA graphs
+    captured). A source that cannot be read is reported with the reason and never counted.
     Lines matching I(progress_ignore) are the engine's echo of these very probes (access log lines of
     C(/health), SGLang's "Health check failed") or say that it is still waiting (vLLM's "No available shared
     memory broadcast block found", logged every 60 s while a worker hangs) and are not progress; a slow 503 is
@@ -52,10 +57,15 @@ options:
     type: str
   stall_timeout_s:
     description: >-
-      Fail when the unit wrote no journal line (other than I(progress_ignore) ones) for this many seconds
-      while not ready. 0 turns stall detection off. Needs I(unit) and systemd.
+      Fail when the unit showed no progress (no journal line other than I(progress_ignore) ones, no bytes read,
+      no new high of GPU memory) for this many seconds while not ready. 0 turns stall detection off. Needs
+      I(unit), systemd and its journal.
     type: float
     default: 0
+  nvidia_smi:
+    description: nvidia-smi, whose compute apps give the GPU memory the unit's processes hold. Empty - not read.
+    type: str
+    default: nvidia-smi
   progress_ignore:
     description: Regular expressions (searched in each journal message) of lines that are not progress.
     type: list
@@ -104,15 +114,39 @@ test_double:
   type: bool
   returned: success
 stalled:
-  description: Whether the wait ended because the unit stalled (no journal progress and not ready).
+  description: Whether the wait ended because the unit stalled (no progress and not ready).
   type: bool
   returned: always
 silent_s:
-  description: Seconds since the unit's last journal line that counts as progress, at the end (with stall detection).
+  description: Seconds since the unit's last progress of any source, at the end (with stall detection).
   type: float
   returned: always
+progress:
+  description: The sources of progress, with stall detection (empty without).
+  type: dict
+  returned: always
+  contains:
+    last_source:
+      description: >-
+        The sources that showed the last progress (C(journal), C(io_stat), C(proc_io), C(gpu_memory)); empty
+        while none did.
+      type: list
+      elements: str
+    longest_silent_s:
+      description: >-
+        The longest time without progress of any source in this wait: how close a healthy start came to the
+        stall timeout.
+      type: float
+    sources:
+      description: >-
+        Per source - C(read) (whether its last read succeeded), C(value) (progress lines seen, bytes read,
+        MiB of GPU memory held), C(counts) (what the value counts), C(problem) (why it was not read),
+        C(silent_s) (since it last grew) and C(longest_silent_s) (the longest time it did not grow in this wait).
+      type: dict
 unit_state:
-  description: The unit's ActiveState/SubState/Result/NRestarts at the end, when I(unit) is set and systemd runs.
+  description: >-
+    The unit's ActiveState/SubState/Result/NRestarts/MainPID/ExecMainStatus/ControlGroup at the end, when I(unit)
+    is set and systemd runs.
   type: dict
   returned: when unit is set
 journal:
@@ -130,10 +164,11 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_progress import Source, UnitView, sample, sources
 from ansible.module_utils.bws_redact import redact
 from ansible.module_utils.bws_systemd import journal_tail, unit_properties
 
-UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
+UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus", "ControlGroup")
 # A request is never given less than this, so a nearly spent budget still gets one real answer.
 MIN_REQUEST_S = 0.05
 # systemctl and journalctl reads are bounded too; a wedged journald must not stretch the wait.
@@ -180,13 +215,17 @@ def unit_died(state: dict[str, str], restarts_at_start: int) -> str | None:
     return None
 
 
-class JournalProgress:
-    """New journal lines of a unit since the last look, minus the echoes of our own probes."""
+class JournalProgress(Source):
+    """New journal lines of a unit since the last look, minus the echoes of our own probes; the value counts them."""
 
-    def __init__(self, unit: str, ignore: list[str]) -> None:
+    name, what = "journal", "progress lines"
+
+    def __init__(self, unit: str, ignore: list[str], start: float) -> None:
+        super().__init__(start)
         self.unit = unit
         self.ignore = [re.compile(pattern) for pattern in ignore]
         self.cursor: str | None = None
+        self.lines = 0
         self.available = shutil.which("journalctl") is not None
         if self.available:
             self._read(["--lines", "1"])  # only where the journal ends now; older lines are not progress
@@ -209,9 +248,16 @@ class JournalProgress:
         lines = self._read(["--after-cursor", self.cursor] if self.cursor else [])
         return [line for line in lines if not any(pattern.search(line) for pattern in self.ignore)]
 
+    def read(self, unit: UnitView, budget_s: float) -> int:
+        self.lines += len(self.new_progress_lines())
+        return self.lines
+
+    def grew(self, value: int) -> bool:
+        return value > (self.value or 0)
+
 
 class Wait:
-    """One readiness wait: a deadline, an optional stall clock, and what was last seen."""
+    """One readiness wait: a deadline, an optional stall clock fed by the sources of progress, what was last seen."""
 
     def __init__(self, params: dict, unit_state: dict[str, str]) -> None:
         self.params = params
@@ -219,8 +265,11 @@ class Wait:
         self.deadline = self.start + params["timeout_s"]
         self.stall_s = params["stall_timeout_s"]
         self.last_progress = self.start
+        self.longest_silent = 0.0
+        self.last_source: list[str] = []
         self.journal: JournalProgress | None = None
-        # Stall detection needs what it watches: a unit, systemd (a unit state) and its journal. The journal is
+        self.sources: list[Source] = []
+        # Stall detection needs what it watches: a unit, systemd (a unit state) and its journal. The sources are
         # first read after the first answer that is not ready: an engine that is ready at once costs no read.
         self.watch_journal = self.stall_s > 0 and bool(params["unit"]) and bool(unit_state)
         self.attempts = 0
@@ -240,26 +289,42 @@ class Wait:
     def start_watching_journal(self) -> None:
         if self.watch_journal and self.journal is None:
             self.watch_journal = False
-            journal = JournalProgress(self.params["unit"], self.params["progress_ignore"])
-            self.journal = journal if journal.available else None
+            journal = JournalProgress(self.params["unit"], self.params["progress_ignore"], self.start)
+            if journal.available:
+                self.journal = journal
+                self.sources = [journal, *sources(self.start, self.params["nvidia_smi"])]
 
     def note_progress(self, state: dict[str, str]) -> None:
         self.start_watching_journal()
         if self.journal is None or state.get("ActiveState") not in ("active", "activating"):
             return
-        if self.journal.new_progress_lines():
-            self.last_progress = time.monotonic()
+        now = time.monotonic()
+        grew = sample(self.sources, now, UnitView(state.get("ControlGroup")), self.next_limit() - now)
+        if grew:
+            self.longest_silent = max(self.longest_silent, now - self.last_progress)
+            self.last_progress, self.last_source = now, grew
 
     def silent_s(self) -> float:
         return time.monotonic() - self.last_progress if self.journal is not None else 0.0
 
+    def progress(self) -> dict:
+        now = time.monotonic()
+        if not self.sources:
+            return {}
+        longest = max(self.longest_silent, self.silent_s())
+        return {"last_source": self.last_source, "longest_silent_s": round(longest, 3),
+                "sources": {source.name: source.report(now) for source in self.sources}}
+
     def stall_reason(self, last_status: str) -> str | None:
         if self.journal is None or self.silent_s() < self.stall_s:
             return None
+        now = time.monotonic()
+        others = "; ".join(source.describe(now) for source in self.sources[1:])
         return (f"stalled: {self.params['unit']} wrote no journal line and was not ready for "
-                f"{self.silent_s():.1f} s (stall timeout {self.stall_s:g} s; last answer: {last_status}). "
-                f"A running engine that neither logs nor answers is stuck, not loading "
-                f"(for example a generation deadlock: SGLang's /health then answers 503 after its own timeout)")
+                f"{self.silent_s():.1f} s (stall timeout {self.stall_s:g} s; last answer: {last_status}), nor read "
+                f"bytes or took more GPU memory ({others}; last progress: {', '.join(self.last_source) or 'none'}). "
+                f"A running engine that neither logs, reads its weights, fills its GPUs nor answers is stuck, not "
+                f"loading (for example a generation deadlock: SGLang's /health then answers 503 after its own timeout)")
 
     def timeout_reason(self, last_status: str) -> str | None:
         if time.monotonic() < self.deadline:
@@ -288,7 +353,7 @@ def wait(module: AnsibleModule) -> None:
         result = {"attempts": current.attempts, "last_status": last_status, "unit_state": state}
         if last_status == str(params["status"]):
             module.exit_json(changed=False, elapsed_s=round(current.elapsed(), 3), stalled=False,
-                             silent_s=round(current.silent_s(), 3),
+                             silent_s=round(current.silent_s(), 3), progress=current.progress(),
                              test_double=TEST_DOUBLE_HEADER in headers, **result)
         state = read_unit(unit)
         current.note_progress(state)
@@ -299,7 +364,7 @@ def wait(module: AnsibleModule) -> None:
                        (journal_tail(unit, params["journal_lines"], timeout=SYSTEMD_READ_S) if unit else [])]
             module.fail_json(msg=f"{params['url']}: {reason}", elapsed_s=round(current.elapsed(), 3),
                              stalled=stall is not None and reason == stall, silent_s=round(current.silent_s(), 3),
-                             journal=journal, **{**result, "unit_state": state})
+                             progress=current.progress(), journal=journal, **{**result, "unit_state": state})
         current.pause()
 
 
@@ -314,6 +379,7 @@ def main() -> None:
             "unit": {"type": "str"},
             "stall_timeout_s": {"type": "float", "default": 0},
             "progress_ignore": {"type": "list", "elements": "str", "default": DEFAULT_PROGRESS_IGNORE},
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "journal_lines": {"type": "int", "default": 40},
             "redact": {"type": "list", "elements": "str", "default": [], "no_log": True},
         },

@@ -53,9 +53,11 @@ class EngineHost:
     """A systemd container (or several) plus an inventory directory that extends the sandbox inventory."""
 
     def __init__(self, name: str, workdir: Path, fleet: list[str] | None = None,
-                 groups: dict[str, list[str]] | None = None, volumes: list[str] | None = None) -> None:
+                 groups: dict[str, list[str]] | None = None, volumes: list[str] | None = None, *,
+                 caps: list[str] | None = None) -> None:
         self.name = name
         self.volumes = volumes or []  # podman bind mounts, SRC:DEST[:OPTIONS]
+        self.caps = caps or []  # capabilities besides SYS_ADMIN (scripts/boot-test-host.sh --cap-add)
         self.fleet = fleet or [name]
         self.groups = groups or {}
         self.workdir = workdir
@@ -63,14 +65,16 @@ class EngineHost:
 
     def on(self, name: str) -> EngineHost:
         """The same inventory, looking at another container of the fleet."""
-        other = EngineHost(name, self.workdir, self.fleet, self.groups, self.volumes)
+        other = EngineHost(name, self.workdir, self.fleet, self.groups, self.volumes, caps=self.caps)
         return other
 
     def boot(self) -> None:
         """scripts/boot-test-host.sh: the project's one way to boot a test host."""
         mounts = [argument for volume in self.volumes for argument in ("--volume", volume)]
+        caps = [argument for cap in self.caps for argument in ("--cap-add", cap)]
         booted = subprocess.run(["bash", str(REPO / "scripts" / "boot-test-host.sh"), "--label", "owner=bws-test",
-                                 "--image", IMAGE, *mounts, *self.fleet], capture_output=True, text=True, check=False)
+                                 "--image", IMAGE, *mounts, *caps, *self.fleet],
+                                capture_output=True, text=True, check=False)
         if booted.returncode != 0:
             raise RuntimeError(f"{self.fleet} did not boot: {booted.stderr.strip()}")
 

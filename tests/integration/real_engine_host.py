@@ -44,12 +44,14 @@ def real_engine_venv(engine: str) -> Path:
         pytest.skip(f"the {engine} test-engine venv cannot be built: {failed}")
 
 
-def booted_real_engine_host(engine: str, name: str, workdir: Path, **more_vars) -> Iterator[EngineHost]:
-    """A sandbox-image host whose /opt/<engine>/venv is the real front end (a module fixture's body)."""
+def booted_real_engine_host(engine: str, name: str, workdir: Path, caps: list[str] | None = None,
+                            **more_vars) -> Iterator[EngineHost]:
+    """A sandbox-image host whose /opt/<engine>/venv is the real front end (a module fixture's body); `caps`:
+    capabilities its root has besides SYS_ADMIN."""
     venv = real_engine_venv(engine)
     cache = venv.parents[1]
     host = EngineHost(name, workdir, volumes=[f"{cache / 'test-engine'}:{MOUNT}/test-engine:ro",
-                                              f"{cache / 'contract'}:{MOUNT}/contract:ro"])
+                                              f"{cache / 'contract'}:{MOUNT}/contract:ro"], caps=caps)
     # verify runs the engine's REAL benchmark client from the release's venv (the lock's bench module), not the
     # sandbox's bench-client double.
     bench = {"verify_bench_command": [f"/opt/{engine}/venv/bin/python", "-m", load_lock(engine)["bench"]["module"]]}

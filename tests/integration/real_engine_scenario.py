@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -66,6 +67,11 @@ def verify_passes_with_the_real_parsers(host: EngineHost, runs: list, engine: st
     assert report["engine_is_test_double"] is False, report["test_double"]
     smoke = report["smoke"]
     assert smoke["answer_field"] == "content" and str(smoke["expected"]) in smoke["preview"], smoke
+    # ... and asked again sampled, through the engine's own sampling parameters (SGLang normalises them in its
+    # TokenizerManager, vLLM in its SamplingParams): answered the same way.
+    sampled = smoke["sampled"]
+    assert sampled["request"] == "sampled (temperature 0.6, top_p 0.95)", sampled
+    assert sampled["answer_field"] == "content" and str(smoke["expected"]) in sampled["preview"], sampled
     assert smoke["unauthenticated"] == "refused with HTTP 401", smoke
     # Every POST route of the real app's /openapi.json was asked without the key and refused (vLLM: through the
     # role's middleware; its own check leaves /invocations open).
@@ -89,11 +95,50 @@ def failed_gate_rolls_back(host: EngineHost, runs: list, engine: str) -> None:
     # (quotes come doubled where the message is quoted again in the rollback's; the engines' detokenizers put a space
     # before the first word)
     assert re.search(r"the smoke answer is wrong: asked '+What is \d{3} \+ \d{3}\? Reply with the number only\.'+, "
-                     r"expected \d+; got HTTP 200 .* content '+ ?foss foss foss", flat), flat[-3000:]
+                     r"expected \d+; the greedy \(temperature 0\) request got HTTP 200 .* content '+ ?foss foss foss",
+                     flat), flat[-3000:]
     assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
     assert host.state()["current"] == before and host.state()["status"] == "serving"
     assert host.health() == 200
     assert main_pid(host, unit(engine)) not in (pid, "0")
+
+
+# The smoke's timeout for the sampler-hang deploy: the cost of a deadlock after ready is asserted against it.
+SAMPLER_HANG_SMOKE_TIMEOUT_S = 40
+
+
+def task_times(run, name_part: str) -> tuple[datetime, datetime]:
+    """When the play's task whose name holds name_part started and ended (ansible-runner's job events)."""
+    events = [json.loads(path.read_text()) for path in (Path(run.artifact_dir) / "job_events").glob("*.json")]
+    done = [event["event_data"] for event in events
+            if event.get("event") in ("runner_on_ok", "runner_on_failed")
+            and name_part in (event.get("event_data", {}).get("task") or "")]
+    assert len(done) == 1, f"{len(done)} results of a task named like {name_part!r}"
+    return datetime.fromisoformat(done[0]["start"]), datetime.fromisoformat(done[0]["end"])
+
+
+def sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host: EngineHost, runs: list, engine: str) -> None:
+    """An engine whose sampler hangs (FlashInfer's top-k/top-p sampler on SM120, vllm#43885): it starts, reports
+    ready and answers the greedy smoke (greedy decoding skips the sampler); the sampled smoke blocks its scheduler for
+    ever. The deploy fails on the sampled request and rolls back; the deadlock costs the smoke's timeout + 10 % at
+    most (/server_info, which a stuck SGLang scheduler blocks, is asked after the smoke).
+    Leaves: release 1 serving (a new process)."""
+    before = host.state()["current"]
+    run = deploy(host, runs, f"deploy_{engine}.yml", verify_smoke_timeout_s=SAMPLER_HANG_SMOKE_TIMEOUT_S,
+                 **{f"{engine}_extra_environment": {"SCRIPTED_ENGINE_FAULT": "sampler-hang"}})
+    assert run.status == "failed", run.stdout[-4000:]
+    flat = " ".join(run.stdout.split())
+    assert re.search(rf"did not generate within {SAMPLER_HANG_SMOKE_TIMEOUT_S} s: {engine} at \S+ reported ready, yet "
+                     r"the sampled \(temperature 0\.6, top_p 0\.95\) smoke completion", flat), flat[-3000:]
+    assert "or in the sampler: the greedy request was answered" in flat, flat[-3000:]
+    assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
+    assert host.state()["current"] == before and host.health() == 200
+    asked, _ = task_times(run, "Ask the endpoint for its models, server info and the smoke answer")
+    _, failed = task_times(run, "Check the engine generated within the smoke timeout")
+    cost = (failed - asked).total_seconds()
+    assert SAMPLER_HANG_SMOKE_TIMEOUT_S <= cost <= 1.1 * SAMPLER_HANG_SMOKE_TIMEOUT_S, cost
+    print(f"{engine} sampler hang after ready: failed {cost:.1f} s after the smoke was asked "
+          f"(smoke timeout {SAMPLER_HANG_SMOKE_TIMEOUT_S} s)")
 
 
 def teardown_stops_the_engine(host: EngineHost, runs: list, engine: str) -> None:
@@ -147,3 +192,105 @@ def secret_forms_in_journal(host: EngineHost, engine: str) -> list[str]:
     journal = host.sh(f"journalctl -u {unit(engine)} --no-pager -o cat")
     return [f"{name} ({form})" for name, value in {**SECRETS, **host_made_secrets(host, engine)}.items()
             for form, text in secret_forms(value).items() if text in journal]
+
+
+# --- stall detection against the real front end (engine_wait's sources of progress) -----------------------------
+# Systemd in a container on a hybrid cgroup host (cgroup v1 controllers) cannot give its units the io controller:
+# they have no io.stat, engine_wait reports it unavailable and reads the bytes in /proc/<pid>/io, which root reads
+# with CAP_SYS_PTRACE (the vLLM host is booted with it, as root on a real host has it). On a cgroup v2 host whose
+# io controller reaches the container, the unit has io.stat (IOAccounting=yes) and that is read instead. The test
+# hosts have no nvidia-smi: no GPU memory source.
+STALL_FLOOR_S, STALL_CAP_S = 30, 150
+
+
+def wait_results(run) -> list[tuple[bool, dict]]:
+    """The serve check's engine_wait results of a play (ansible-runner's job events), in order: (whether the wait
+    succeeded, the module's return values)."""
+    events = [json.loads(path.read_text()) for path in (Path(run.artifact_dir) / "job_events").glob("*.json")]
+    return [(event["event"] == "runner_on_ok", event["event_data"]["res"])
+            for event in sorted(events, key=lambda event: event.get("counter", 0))
+            if event.get("event") in ("runner_on_ok", "runner_on_failed")
+            and "Serve check | wait for readiness" in (event.get("event_data", {}).get("task") or "")]
+
+
+def stall_timeout_for(runs: list) -> int:
+    """The stall bound of the stall scenarios: twice the longest time without progress of this host's healthy real
+    starts so far (engine_wait's own report: the front end writes nothing while it imports, from the page cache
+    once warm, and longer under load), within [STALL_FLOOR_S, STALL_CAP_S]. A start must not stall before the fault
+    under test begins."""
+    silences = [result["progress"]["longest_silent_s"] for run in runs for ok, result in wait_results(run)
+                if ok and result.get("progress")]
+    return int(min(STALL_CAP_S, max(STALL_FLOOR_S, 2 * max(silences, default=STALL_FLOOR_S))))
+
+
+def stall_vars(engine: str, stall_s: int, environment: dict[str, str]) -> dict:
+    return {f"{engine}_stall_timeout_s": stall_s, "engine_service_stall_timeout_s": stall_s,
+            f"{engine}_extra_environment": environment}
+
+
+def byte_source(result: dict) -> dict:
+    """The byte counter engine_wait read (io.stat where the unit has one, else /proc/<pid>/io), the other saying why
+    it was not read; no GPU memory claimed where there is no nvidia-smi."""
+    sources = result["progress"]["sources"]
+    assert set(sources) == {"journal", "io_stat", "proc_io", "gpu_memory"}, sources
+    if sources["io_stat"]["read"]:
+        assert sources["proc_io"]["problem"] == "not read: io.stat counts these bytes", sources["proc_io"]
+        read = sources["io_stat"]
+    else:
+        assert "the io controller is not enabled for it" in sources["io_stat"]["problem"], sources["io_stat"]
+        read = sources["proc_io"]
+    assert read["read"] is True and read["value"] is not None, sources
+    assert sources["gpu_memory"]["read"] is False and sources["gpu_memory"]["value"] is None, sources["gpu_memory"]
+    return read
+
+
+def startup_hang_is_stalled_and_rolls_back(host: EngineHost, runs: list, engine: str) -> None:
+    """A start that hangs after the front end's own start-up lines, logging only vLLM's "No available shared memory
+    broadcast block found" every 2 s (a worker waiting on a stuck peer): no progress, so the deploy fails as stalled
+    within the stall timeout + 10 % of its last progress, and the release before serves again.
+    Leaves: release 1 serving (a new process)."""
+    before, pid = host.state()["current"], main_pid(host, unit(engine))
+    stall_s = stall_timeout_for(runs)
+    run = deploy(host, runs, f"deploy_{engine}.yml", **stall_vars(
+        engine, stall_s, {"SCRIPTED_ENGINE_FAULT": "startup-hang", "SCRIPTED_ENGINE_WARN_S": "2"}))
+    assert run.status == "failed", run.stdout[-4000:]
+    ok, failed = wait_results(run)[0]
+    assert not ok
+    assert failed["stalled"] is True, failed["msg"]
+    # The hang was reached (the front end had started and its backend said it still waits), not a slow import.
+    assert any("No available shared memory broadcast block found in 2 seconds" in line for line in failed["journal"]), \
+        failed["journal"]
+    assert stall_s <= failed["silent_s"] <= 1.1 * stall_s, (failed["silent_s"], stall_s)
+    assert re.search(rf"stalled: {engine}\.service wrote no journal line and was not ready for \d+\.\d s \(stall "
+                     rf"timeout {stall_s} s; last answer: ", failed["msg"]), failed["msg"]
+    assert byte_source(failed)["silent_s"] >= stall_s, failed["progress"]  # the hang read nothing from disk
+    flat = " ".join(run.stdout.split())
+    assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
+    assert host.state()["current"] == before and host.state()["status"] == "serving"
+    assert host.health() == 200 and main_pid(host, unit(engine)) not in (pid, "0")
+    print(f"{engine} start-up hang: stalled {failed['silent_s']:.1f} s after its last progress "
+          f"(stall timeout {stall_s} s), {failed['elapsed_s']:.1f} s after the wait began")
+
+
+def slow_load_that_reads_bytes_is_not_rolled_back(host: EngineHost, runs: list, engine: str) -> None:
+    """A load that writes no journal line for longer than the stall timeout but keeps reading its file from disk:
+    the bytes its process reads are progress, so the start is not stalled and the release serves.
+    Leaves: the slow-load release serving."""
+    before = host.state()["current"]
+    stall_s = stall_timeout_for(runs)
+    load_s = stall_s + 5  # the journal stays silent at least this long, longer than the stall timeout
+    run = deploy(host, runs, f"deploy_{engine}.yml", **stall_vars(
+        engine, stall_s, {"SCRIPTED_ENGINE_FAULT": "slow-load", "SCRIPTED_ENGINE_LOAD_S": str(load_s)}))
+    assert run.status == "successful", run.stdout[-4000:]
+    ok, ready = wait_results(run)[0]
+    assert ok
+    read = byte_source(ready)
+    # The journal alone would have stalled the start; the only other source read is the bytes its processes read.
+    journal = ready["progress"]["sources"]["journal"]
+    assert journal["longest_silent_s"] > stall_s, journal
+    assert read["value"] > 0 and ready["elapsed_s"] >= load_s, (read, ready["elapsed_s"])
+    assert ready["progress"]["longest_silent_s"] <= 1.1 * stall_s, ready["progress"]  # (at a poll's granularity)
+    assert host.state()["current"] != before and host.state()["status"] == "serving" and host.health() == 200
+    print(f"{engine} slow load: ready after {ready['elapsed_s']:.1f} s, the journal silent for "
+          f"{journal['longest_silent_s']:.1f} s, at most {ready['progress']['longest_silent_s']:.1f} s without "
+          f"progress (stall timeout {stall_s} s), {read['value']} bytes read from disk")

@@ -32,8 +32,10 @@ def test_verify_passes_with_the_real_parsers(host, runs):
     scenario.verify_passes_with_the_real_parsers(host, runs, ENGINE)
 
 
-def test_failed_gate_rolls_back(host, runs):
-    scenario.failed_gate_rolls_back(host, runs, ENGINE)
+def test_a_sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host, runs):
+    """The gate's failed-deploy case on this host: a deadlock after ready, in the sampler (a garbage answer's rollback
+    runs on the vLLM host; both engines' rollbacks are the same engine_service tasks)."""
+    scenario.sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host, runs, ENGINE)
 
 
 def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs):

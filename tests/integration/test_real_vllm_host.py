@@ -1,5 +1,6 @@
 """vLLM 0.33.0's REAL front end (tests/scripted_engine/) on a systemd test host: deploy -> verify -> a failed
-gate that rolls back -> teardown, with the production unit, config and key files (real_engine_host.py)."""
+gate that rolls back -> a start-up hang that stalls and rolls back -> a silent slow load that is not -> teardown,
+with the production unit, config and key files (real_engine_host.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ ENGINE = "vllm"
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
+    # CAP_SYS_PTRACE: engine_wait reads /proc/<pid>/io of the engine's processes as root on a real host can (the
+    # host's cgroups give the unit no io.stat); the stall scenarios' slow load shows progress only there.
     yield from booted_real_engine_host(ENGINE, "bws-it-real-vllm", tmp_path_factory.mktemp("real-vllm"),
-                                       engine_profile="sandbox-tiny-eagle3")
+                                       caps=["SYS_PTRACE"], engine_profile="sandbox-tiny-eagle3")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +37,14 @@ def test_verify_passes_with_the_real_parsers(host, runs):
 
 def test_failed_gate_rolls_back(host, runs):
     scenario.failed_gate_rolls_back(host, runs, ENGINE)
+
+
+def test_a_startup_hang_that_only_says_it_still_waits_is_stalled_and_rolls_back(host, runs):
+    scenario.startup_hang_is_stalled_and_rolls_back(host, runs, ENGINE)
+
+
+def test_a_slow_load_whose_only_progress_is_bytes_read_is_not_rolled_back(host, runs):
+    scenario.slow_load_that_reads_bytes_is_not_rolled_back(host, runs, ENGINE)
 
 
 def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs):

@@ -15,11 +15,19 @@ Faults (SCRIPTED_ENGINE_FAULT), as the light double has them (tests/doubles/engi
     never-ready           the backend never reports ready (a load that never ends)
     startup-hang          never ready, and says what a vLLM worker waiting on a stuck peer says every
                           SCRIPTED_ENGINE_WARN_S seconds (see STARTUP_HANG_WARNING)
+    slow-load             before ready, reads SCRIPTED_ENGINE_LOAD_FILE (default: this file) for
+                          SCRIPTED_ENGINE_LOAD_S seconds (default 60) and logs nothing meanwhile: a cold weight load
+                          whose progress bar reaches the journal only when it ends. The file is dropped from the page
+                          cache before each read (posix_fadvise DONTNEED), so every read reaches the disk: the bytes
+                          read by the process are its only sign of progress
     deadlock-on-generate  every generation after the first SCRIPTED_ENGINE_DEADLOCK_AFTER (default 0) blocks for
                           ever, and with it the scheduler (a kernel or collective deadlock); 1 lets SGLang's
                           warm-up request through, so the engine reports ready and then hangs
     garbage-output        every token is "foss" until max_new_tokens (sglang issue 23264's broken MoE path)
     slow-first-request    the first generation waits SCRIPTED_ENGINE_FIRST_REQUEST_S first
+    sampler-hang          a sampled generation (temperature > 0) blocks for ever, and with it the scheduler; greedy
+                          ones are served (FlashInfer's top-k/top-p sampler hanging a CUDA stream on SM120,
+                          vllm#43885: greedy decoding never calls the sampler)
 Speed: SCRIPTED_ENGINE_TOKENS_PER_S (decode steps per second of one sequence, default 400); with speculation
 each step yields 1 + the accepted draft tokens (SCRIPTED_ENGINE_ACCEPT_RATE per position, default 0.6) and
 costs SCRIPTED_ENGINE_SPEC_COST plain steps (default 1.3). SCRIPTED_ENGINE_START_S: load time (default 0).
@@ -36,8 +44,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-FAULTS = ("none", "crash-at-start", "never-ready", "startup-hang", "deadlock-on-generate", "garbage-output",
-          "slow-first-request")
+FAULTS = ("none", "crash-at-start", "never-ready", "startup-hang", "slow-load", "deadlock-on-generate",
+          "garbage-output", "slow-first-request", "sampler-hang")
+# slow-load: the bytes of one read, and the pause between reads.
+LOAD_READ_BYTES, LOAD_PAUSE_S = 1 << 20, 0.2
 ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # vLLM 0.33.0 vllm/distributed/device_communicators/shm_broadcast.py (MessageQueue.acquire_read/acquire_write):
@@ -73,6 +83,8 @@ class Script:
     first_request_s: float = 10.0
     deadlock_after: int = 0
     warn_s: float = 60.0
+    load_s: float = 60.0
+    load_file: str = ""
     tokens_per_s: float = 400.0
     accept_rate: float = 0.6
     spec_cost: float = 1.3
@@ -95,6 +107,8 @@ class Script:
                    first_request_s=_env_float(env, "SCRIPTED_ENGINE_FIRST_REQUEST_S", 10.0),
                    deadlock_after=int(_env_float(env, "SCRIPTED_ENGINE_DEADLOCK_AFTER", 0)),
                    warn_s=_env_float(env, "SCRIPTED_ENGINE_WARN_S", 60.0),
+                   load_s=_env_float(env, "SCRIPTED_ENGINE_LOAD_S", 60.0),
+                   load_file=env.get("SCRIPTED_ENGINE_LOAD_FILE", ""),
                    tokens_per_s=_env_float(env, "SCRIPTED_ENGINE_TOKENS_PER_S", 400.0),
                    accept_rate=_env_float(env, "SCRIPTED_ENGINE_ACCEPT_RATE", 0.6),
                    spec_cost=_env_float(env, "SCRIPTED_ENGINE_SPEC_COST", 1.3),
@@ -114,17 +128,33 @@ class Script:
             while True:
                 time.sleep(self.warn_s)
                 log(STARTUP_HANG_WARNING.format(interval=interval))
+        if self.fault == "slow-load":
+            self.slow_load()
         if self.start_s > 0:
             time.sleep(self.start_s)
 
+    def slow_load(self) -> int:
+        """Read the load file from disk for load_s seconds, silently; the bytes read (as the process asked them)."""
+        done = 0
+        end = time.monotonic() + self.load_s
+        with open(self.load_file or __file__, "rb", buffering=0) as handle:
+            while time.monotonic() < end:
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                done += len(os.pread(handle.fileno(), LOAD_READ_BYTES, 0))
+                time.sleep(LOAD_PAUSE_S)
+        return done
+
     # --- generation -------------------------------------------------------------------------------------------
-    def before_generate(self) -> None:
-        """Called before each generation: blocks for ever when deadlocked, long the first time when slow."""
+    def before_generate(self, sampled: bool = False) -> None:
+        """Called before each generation: blocks for ever when deadlocked (or, for a sampled one, when the sampler
+        hangs), long the first time when slow."""
         with self._lock:
             self._generations += 1
             count = self._generations
         first = count == 1
         if self.fault == "deadlock-on-generate" and count > self.deadlock_after:
+            threading.Event().wait()
+        if self.fault == "sampler-hang" and sampled:
             threading.Event().wait()
         if first and self.fault == "slow-first-request":
             time.sleep(self.first_request_s)

@@ -385,7 +385,10 @@ class ScriptedScheduler:
             return
         admitted, self.waiting = self.waiting, []
         for r in admitted:
-            self.script.before_generate()  # blocks for ever under deadlock-on-generate
+            # SGLang's sampler is skipped when every request is greedy: TokenizerManager normalises temperature 0 to
+            # top_k 1 (srt/sampling/sampling_params.py normalize), is_all_greedy = top_k <= 1
+            # (srt/sampling/sampling_batch_info.py).
+            self.script.before_generate(sampled=r.sampling.top_k > 1)  # blocks for ever under deadlock-on-generate
             with contextlib.suppress(Exception):
                 r.time_stats.set_forward_entry_time()
             if self.metrics_collector is not None:

@@ -295,7 +295,8 @@ class ScriptedEngineCoreClient(EngineCoreClient):
         sp = r.req.sampling_params
         max_new = sp.max_tokens if sp is not None and sp.max_tokens is not None else 16
         text = self.tokenizer.decode(r.prompt_ids, skip_special_tokens=False) if self.tokenizer else ""
-        self.script.before_generate()
+        # vLLM samples unless temperature < _SAMPLING_EPS (vllm/sampling_params.py sampling_type: GREEDY).
+        self.script.before_generate(sampled=sp is not None and sp.temperature is not None and sp.temperature >= 1e-5)
         reply = self.script.reply(text, max_new)
         r.plan = list(self.tokenizer.encode(reply.text, add_special_tokens=False)) if self.tokenizer else []
         r.endless = reply.endless

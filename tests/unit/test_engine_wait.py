@@ -8,6 +8,7 @@ replacing the two readers the module uses; the journal lines are the ones the en
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -70,9 +71,9 @@ class FakeJournal(engine_wait.JournalProgress):
 
     batches: ClassVar[list[list[str]]] = []
 
-    def __init__(self, unit: str, ignore: list[str]) -> None:
+    def __init__(self, unit: str, ignore: list[str], start: float) -> None:
         self.script = list(type(self).batches)
-        super().__init__(unit, ignore)
+        super().__init__(unit, ignore, start)
         self.available = True
 
     def _read(self, selection: list[str]) -> list[str]:
@@ -208,3 +209,186 @@ def test_the_journal_tail_comes_back_with_the_key_masked_in_every_form(endpoint,
     for line in lines[:3]:
         assert line not in shown
     assert "journal\"Key" not in shown and "journal\\\"Key" not in shown and "'journal" not in shown
+
+
+# ---------------------------------------------------------------- progress besides the journal
+# The module reads the unit's cgroup files, /proc/<pid>/io and nvidia-smi; here a cgroup tree and a procfs under
+# tmp_path stand in for the host's, written by a thread as an engine's kernel counters would grow, and a script
+# speaks nvidia-smi's compute-apps CSV. The journal says only that the engine still waits (vLLM's warning).
+from ansible.module_utils import bws_progress  # noqa: E402
+
+CONTROL_GROUP = "/system.slice/vllm.service"
+ENGINE_PID, FOREIGN_PID = 4242, 777
+
+
+class Counters:
+    """A fake cgroup tree and procfs whose byte counters grow while `grow_s` lasts, from a thread."""
+
+    def __init__(self, root: Path, layout: str) -> None:
+        self.root, self.layout = root, layout  # layout: "v2" (io.stat at the root), "hybrid" (no io.stat)
+        base = root / "cgroup" / ("unified" if layout == "hybrid" else "") / CONTROL_GROUP.strip("/")
+        base.mkdir(parents=True)
+        (base / "cgroup.procs").write_text(f"{ENGINE_PID}\n")
+        self.io_stat = base / "io.stat" if layout == "v2" else None
+        self.proc_io = root / "proc" / str(ENGINE_PID) / "io"
+        self.proc_io.parent.mkdir(parents=True)
+        self.bytes = 0
+        self.write()
+
+    def write(self) -> None:
+        if self.io_stat is not None:
+            self.io_stat.write_text(f"259:0 rbytes={self.bytes} wbytes=0 rios=3 wios=0 dbytes=0 dios=0\n"
+                                    "8:0 rbytes=4096 wbytes=512 rios=1 wios=1 dbytes=0 dios=0\n")
+        self.proc_io.write_text(f"rchar: {self.bytes * 2}\nwchar: 0\nsyscr: 9\nsyscw: 0\nread_bytes: {self.bytes}\n"
+                                "write_bytes: 0\ncancelled_write_bytes: 0\n")
+
+    def grow_for(self, seconds: float, step: int = 1 << 20) -> None:
+        def run() -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                self.bytes += step
+                self.write()
+                time.sleep(0.1)
+
+        threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.fixture
+def host_counters(tmp_path, monkeypatch, systemd):
+    """The unit runs in CONTROL_GROUP; its journal only repeats vLLM's still-waiting warning."""
+    monkeypatch.setattr(engine_wait, "unit_properties", lambda *_a, **_k: {**RUNNING, "ControlGroup": CONTROL_GROUP})
+    monkeypatch.setattr(bws_progress, "CGROUP_ROOT", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(bws_progress, "PROC_ROOT", str(tmp_path / "proc"))
+    systemd.batches = [[VLLM_STILL_WAITING]] * 500
+    return tmp_path
+
+
+def fake_nvidia_smi(tmp_path: Path, sleep_s: float = 0.0) -> tuple[Path, Path]:
+    """nvidia-smi --query-compute-apps as the driver answers it, the apps read from a JSON file [[pid, MiB], ...]."""
+    apps = tmp_path / "apps.json"
+    apps.write_text("[]")
+    script = tmp_path / "nvidia-smi"
+    script.write_text(f"#!{sys.executable}\nimport json, sys, time\ntime.sleep({sleep_s})\n"
+                      "assert any(a.startswith('--query-compute-apps=') for a in sys.argv[1:]), sys.argv\n"
+                      f"for pid, mib in json.load(open({str(apps)!r})):\n"
+                      "    print(f'{pid}, python3, {mib}, GPU-0a1b, 00000000:01:00.0')\n")
+    script.chmod(0o755)
+    return script, apps
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_bytes_read_by_the_units_cgroup_are_progress_until_they_stop(endpoint, capsys, host_counters):
+    """A cold weight read logs nothing: io.stat's rbytes growing keeps the wait going; once they stop, it stalls."""
+    counters = Counters(host_counters, "v2")
+    counters.grow_for(3.0)
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
+                             interval_s=0.2, nvidia_smi="")
+    assert code == 1 and result["stalled"] is True, result["msg"]
+    assert 3.0 + 1.5 <= took <= 3.0 + 1.5 * 1.1 + 0.5
+    assert result["silent_s"] <= 1.5 * 1.1
+    sources = result["progress"]["sources"]
+    assert result["progress"]["last_source"] == ["io_stat"]
+    assert 1.5 <= result["progress"]["longest_silent_s"] <= 1.5 * 1.1 + 0.3  # the reads kept every gap short
+    assert sources["io_stat"]["read"] and sources["io_stat"]["value"] == counters.bytes + 4096  # both devices
+    assert sources["journal"]["longest_silent_s"] >= 4.0 and sources["journal"]["value"] == 0
+    assert not sources["proc_io"]["read"] and sources["proc_io"]["problem"] == "not read: io.stat counts these bytes"
+    assert sources["gpu_memory"]["problem"] == "not read (no nvidia-smi given)"
+    assert re.search(r"stalled: vllm\.service wrote no journal line and was not ready for \d+\.\d s \(stall timeout "
+                     r"1\.5 s; last answer: .*io_stat: \d+ bytes read, last grew 1\.\d s ago; .*last progress: io_stat",
+                     result["msg"]), result["msg"]
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_without_io_stat_the_processes_read_bytes_count_and_the_missing_source_is_named(endpoint, capsys,
+                                                                                        host_counters):
+    """A cgroup v1 or hybrid host has no io.stat for the unit: /proc/<pid>/io's read_bytes of its processes count."""
+    counters = Counters(host_counters, "hybrid")
+    counters.grow_for(2.5)
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
+                             interval_s=0.2, nvidia_smi="")
+    assert code == 1 and result["stalled"] is True
+    assert took >= 2.5 + 1.5
+    sources = result["progress"]["sources"]
+    assert result["progress"]["last_source"] == ["proc_io"]
+    assert sources["proc_io"]["read"] and sources["proc_io"]["value"] == counters.bytes
+    assert not sources["io_stat"]["read"]
+    assert "the io controller is not enabled for it (it needs cgroup v2 and IOAccounting=yes)" in \
+        sources["io_stat"]["problem"]
+    assert "io_stat: no io.stat in the unit's cgroup" in result["msg"]
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_a_source_it_cannot_read_is_reported_never_counted(endpoint, capsys, host_counters, monkeypatch):
+    """/proc/<pid>/io of another user's process without ptrace rights (root in a container without
+    CAP_SYS_PTRACE): the bytes it reads are not seen, so the wait stalls and says which source it lacked."""
+    counters = Counters(host_counters, "hybrid")
+    counters.grow_for(5.0)
+    real_open = open
+
+    def denied(path, *args, **kwargs):
+        if str(path).endswith("/io"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(bws_progress, "open", denied, raising=False)
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
+                             interval_s=0.2, nvidia_smi="")
+    assert code == 1 and result["stalled"] is True and took <= 1.5 * 1.1 + 0.5
+    proc_io = result["progress"]["sources"]["proc_io"]
+    assert proc_io["read"] is False and proc_io["value"] is None
+    assert "cannot be read (Permission denied): it needs ptrace rights over the engine's user" in proc_io["problem"]
+    assert "proc_io: " + proc_io["problem"] in result["msg"]
+    assert result["progress"]["last_source"] == []
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_gpu_memory_the_units_processes_hold_is_progress_at_each_new_high(endpoint, capsys, host_counters,
+                                                                        monkeypatch):
+    """Weights landing on the GPUs: the unit's process holds more each read. Another process's memory, or the
+    unit's own going down and up again below its high, is not progress."""
+    Counters(host_counters, "hybrid")
+    monkeypatch.setattr(bws_progress, "GPU_SAMPLE_S", 0.2)
+    script, apps = fake_nvidia_smi(host_counters)
+
+    def fill() -> None:
+        for mib in (1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000):
+            apps.write_text(json.dumps([[ENGINE_PID, mib], [FOREIGN_PID, 100]]))
+            time.sleep(0.3)
+        for mib in (5000, 7000, 5000, 7000, 5000, 7000, 5000, 7000, 5000, 7000):  # below the high: not progress
+            apps.write_text(json.dumps([[ENGINE_PID, mib], [FOREIGN_PID, mib * 2]]))
+            time.sleep(0.3)
+
+    threading.Thread(target=fill, daemon=True).start()
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
+                             interval_s=0.2, nvidia_smi=str(script))
+    assert code == 1 and result["stalled"] is True
+    assert 2.0 + 1.5 <= took <= 2.4 + 1.5 * 1.1 + 0.6, took
+    gpu = result["progress"]["sources"]["gpu_memory"]
+    assert gpu["read"] and gpu["counts"] == "MiB held" and gpu["value"] in (5000, 7000)
+    assert result["progress"]["last_source"] == ["gpu_memory"]
+    assert "gpu_memory: " in result["msg"] and "MiB held, last grew" in result["msg"]
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_a_hung_nvidia_smi_is_killed_once_and_not_asked_again(endpoint, capsys, host_counters, monkeypatch):
+    Counters(host_counters, "hybrid")
+    monkeypatch.setattr(bws_progress, "GPU_READ_S", 0.5)
+    script, _ = fake_nvidia_smi(host_counters, sleep_s=30)
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=2,
+                             interval_s=0.2, nvidia_smi=str(script))
+    assert code == 1 and result["stalled"] is True and took <= 2 * 1.1 + 0.6
+    assert "did not answer within 0.5 s (engine_wait's GPU read) and was killed" in \
+        result["progress"]["sources"]["gpu_memory"]["problem"]
+    assert "(not asked again in this wait)" in result["progress"]["sources"]["gpu_memory"]["problem"]
+
+
+def test_io_stat_sums_the_bytes_read_of_every_device(tmp_path, monkeypatch):
+    monkeypatch.setattr(bws_progress, "CGROUP_ROOT", str(tmp_path))
+    group = tmp_path / "system.slice" / "sglang.service"
+    group.mkdir(parents=True)
+    (group / "io.stat").write_text("259:0 rbytes=1000 wbytes=9 rios=1 wios=1 dbytes=0 dios=0\n"
+                                   "259:1 rbytes=24 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n")
+    source = bws_progress.IoStat(0.0)
+    assert source.read(bws_progress.UnitView("/system.slice/sglang.service"), 1.0) == 1024
+    with pytest.raises(bws_progress.UnavailableError, match="the unit has no control group"):
+        source.read(bws_progress.UnitView(""), 1.0)

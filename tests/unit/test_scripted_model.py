@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,25 @@ def test_deadlock_lets_the_first_generations_through_then_blocks():
     blocked.start()
     blocked.join(0.3)
     assert blocked.is_alive()
+
+
+def read_bytes() -> int:
+    with open("/proc/self/io", encoding="ascii") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("read_bytes:"))
+
+
+def test_slow_load_reads_from_the_disk_for_its_time_and_logs_nothing(tmp_path):
+    """Its only sign of progress is the bytes it reads: each read reaches the block layer (the page cache is
+    dropped first), where the kernel counts them for the process (/proc/<pid>/io) and its cgroup (io.stat)."""
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"\x01" * (256 << 10))
+    with open(weights, "rb") as handle:
+        os.fsync(handle.fileno())  # written pages are dirty: clean ones can be dropped from the cache
+    logged: list[str] = []
+    before, started = read_bytes(), time.monotonic()
+    engine = script.Script.from_env(env={"SCRIPTED_ENGINE_FAULT": "slow-load", "SCRIPTED_ENGINE_LOAD_S": "0.9",
+                                         "SCRIPTED_ENGINE_LOAD_FILE": str(weights)})
+    engine.on_start(log=logged.append)
+    assert 0.9 <= time.monotonic() - started < 2.0
+    assert logged == []
+    assert read_bytes() - before >= 3 * (256 << 10), "the reads did not reach the disk"
