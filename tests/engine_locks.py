@@ -137,7 +137,18 @@ def lock_problems(lock: dict[str, Any], path: Path) -> list[str]:
     elif set(bench.get("endpoints") or {}) != set(bench["workloads"]):
         problems.append(f"{path.name}: bench needs 'endpoints', the route each workload's requests go to "
                         "(part of verify's baseline key)")
+    elif "request_body" not in (bench["options"] or {}):
+        unsent = [key for key in bench_sampling_keys() if key not in (bench["options"] or {})]
+        if unsent:
+            problems.append(f"{path.name}: bench needs a flag for each sampling parameter verify's sampled level may "
+                            f"send, or a 'request_body' option to send them in; none for: {', '.join(unsent)}")
     return problems
+
+
+def bench_sampling_keys() -> list[str]:
+    """The sampling parameters verify's sampled benchmark level may send (`__verify_bench_sampling_keys`)."""
+    variables = yaml.safe_load((REPO_ROOT / "roles" / "verify" / "vars" / "main.yml").read_text(encoding="utf-8"))
+    return [str(key) for key in variables["__verify_bench_sampling_keys"]]
 
 
 def hash_problems(lock: dict[str, Any], requirements: list[str], path: Path) -> list[str]:

@@ -5,7 +5,8 @@ venvs, run with the arguments the verify role builds from the pinned locks' `ben
 fixture, with a tokenizer that loads only with trust_remote_code (custom code through `auto_map`, as Kimi's).
 The doubles serve with Kimi's reasoning parser, and the gated (ShareGPT) levels go through each client's chat path:
 streamed /v1/chat/completions requests with `thinking: true`, whose tokens all arrive as reasoning deltas, which
-each client must count. Two playbook runs share the doubles:
+each client must count. `record` and `vllm` also run a second gated level sampled (verify_bench_sampled_concurrency),
+whose requests must carry the sampling parameters. Two playbook runs share the doubles:
 
 1. `record` serves a profile without speculation; its run (verify_mode=baseline: no smoke) records the baseline
    on the host. Beside it, vLLM's client without --trust-remote-code fails on the tokenizer.
@@ -56,9 +57,13 @@ FAST = {**SPEED, "ENGINE_DOUBLE_ACCEPT_RATE": "0.8", "ENGINE_DOUBLE_SPEC_COST": 
 # Kimi-K2.5 as the releases serve it: it thinks unless a request turns thinking off.
 KIMI_PARSER = {"reasoning-parser": "kimi_k2"}
 # One gated level, four ShareGPT prompts of 32 output tokens: a couple of seconds per run at 50 tok/s.
-WORKLOAD = {"verify_concurrency": [1], "verify_gate_concurrency": [1], "verify_bench_output_len": 32,
-            "verify_bench_min_prompts": 4, "verify_bench_prompts_per_concurrency": 4,
+WORKLOAD = {"verify_concurrency": [1], "verify_gate_concurrency": [1], "verify_bench_sampled_concurrency": 0,
+            "verify_bench_output_len": 32, "verify_bench_min_prompts": 4, "verify_bench_prompts_per_concurrency": 4,
             "verify_bench_warmup_requests": 0, "verify_sharegpt_subset": str(SHAREGPT_FIXTURE)}
+# `record` and `vllm`: a second gated level, the sampled one, 8 prompts (the default verify_bench_sampling). The
+# baseline key does not depend on the levels run, so the speculative hosts still find `record`'s baseline of level 1.
+SAMPLED = {"verify_concurrency": [1, 2], "verify_gate_concurrency": [1, 2], "verify_bench_sampled_concurrency": 2}
+SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 
 
 def _model_dir(root: Path, revision: str) -> Path:
@@ -119,7 +124,7 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
         untrusted = _vllm_without_trust(clients["vllm_venv"] / "bin" / "python", doubles["vfast"], work, env)
         first = work / "first.yml"
         write_inventory(first, {
-            "record": host("record", doubles["base"], "kimi-plain", model, verify_mode="baseline"),
+            "record": host("record", doubles["base"], "kimi-plain", model, verify_mode="baseline", **SAMPLED),
         })
         result_1 = run_playbook(first, env=env, timeout_s=300, verbosity='-v')
         print(f"first playbook run done at {time.monotonic() - started:.1f} s")
@@ -133,7 +138,7 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
             "fast": host("fast", doubles["fast"], "kimi-eagle3", model, state=work / "state" / "fast"),
             "other_commit": host("other_commit", doubles["fast2"], "kimi-eagle3", other_model,
                                  state=work / "state" / "other_commit"),
-            "vllm": host("vllm", doubles["vfast"], "kimi-eagle3", model),
+            "vllm": host("vllm", doubles["vfast"], "kimi-eagle3", model, **SAMPLED),
         })
         result_2 = run_playbook(second, env=env, timeout_s=300, verbosity='-v')
         print(f"second playbook run done at {time.monotonic() - started:.1f} s")
@@ -165,13 +170,20 @@ def test_the_real_clients_ran_with_the_recipes_arguments_on_sharegpt(runs):
                                   ("vllm", "vllm.entrypoints.cli.main", "openai-chat")):
         inputs = _inputs(runs, host)
         assert marker in inputs["bench"]["command"]
-        result = inputs["bench"]["levels"][0]["result"]  # the real client's (the command above), allow-listed
-        # every token was thinking (streamed as reasoning deltas), and each client counted all of them
-        assert result["completed"] == 4 and result["total_output_tokens"] == 4 * 32, result
-        assert result["backend"] == backend
-    assert _inputs(runs, "record")["bench"]["levels"][0]["result"]["dataset_name"] == "sharegpt"
+        # the real client's results (the command above), allow-listed: the greedy level, then the sampled one
+        for level, prompts in zip(inputs["bench"]["levels"], (4, 8), strict=True):
+            result = level["result"]
+            # every token was thinking (streamed as reasoning deltas), and each client counted all of them
+            assert result["completed"] == prompts and result["total_output_tokens"] == prompts * 32, result
+            assert result["backend"] == backend
+        assert [(level["workload"], level["sampling"]) for level in inputs["bench"]["levels"]] == [
+            ("sharegpt", {"temperature": 0.0}), ("sharegpt_sampled", SAMPLING)]
+    assert {level["result"]["dataset_name"] for level in _inputs(runs, "record")["bench"]["levels"]} == {"sharegpt"}
     report = _report(runs, "vllm")
-    assert report["levels"][0]["workload"] == "sharegpt" and report["workloads"]["sharegpt"]["temperature"] == 0.0
+    assert [(row["workload"], row["sampling"]) for row in report["levels"]] == [
+        ("sharegpt", {"temperature": 0.0}), ("sharegpt_sampled", SAMPLING)]
+    assert report["workloads"]["sharegpt"]["sampling"] == {"temperature": 0.0}
+    assert report["workloads"]["sharegpt_sampled"]["sampling"] == SAMPLING
     assert "speedup" not in report["levels"][0]  # nothing recorded on this host: see the next-but-one test
     assert report["levels"][0]["acceptance"]["rate"] > 0.3  # the window saw the double's drafts
     assert "--trust-remote-code" in runs["output"]  # the release says trust_remote_code: the role passes it
@@ -185,18 +197,26 @@ def _bench_requests(runs: dict, double: str) -> list[dict]:
 
 
 @pytest.mark.parametrize(("host", "double"), [("record", "base"), ("vllm", "vfast")])
-def test_the_gated_level_sent_the_conversations_as_chat_requests(runs, host, double):
+def test_the_gated_levels_sent_the_conversations_as_chat_requests(runs, host, double):
     """What users send: each ShareGPT human turn as the user message of a streamed chat completion, thinking on
-    (Kimi's default, so the drafter is measured on reasoning tokens), with the recipe's fixed output length."""
+    (Kimi's default, so the drafter is measured on reasoning tokens), with the recipe's fixed output length; the
+    greedy level at temperature 0, the sampled level with its temperature and top_p (SGLang's client sends them from
+    --extra-request-body, vLLM's from --temperature and --top-p)."""
     requests = _bench_requests(runs, double)
-    assert len(requests) == 4, requests
-    for request in requests:
-        assert request == {"path": "/v1/chat/completions", "stream": True, "include_usage": True, "ignore_eos": True,
-                           "chat_template_kwargs": {"thinking": True}, "temperature": 0.0, "max_tokens": 32,
-                           "roles": ["user"]}, request
-    workload = _report(runs, host)["workloads"]["sharegpt"]
-    assert workload["endpoint"] == "/v1/chat/completions" and workload["chat_template_kwargs"] == {"thinking": True}
-    assert _report(runs, host)["baseline_key"]["workloads"]["sharegpt"] == workload  # the route is in the key
+    greedy = [request for request in requests if request["temperature"] == 0.0]
+    sampled = [request for request in requests if request["temperature"] != 0.0]
+    assert (len(greedy), len(sampled)) == (4, 8), requests
+    chat = {"path": "/v1/chat/completions", "stream": True, "include_usage": True, "ignore_eos": True,
+            "chat_template_kwargs": {"thinking": True}, "max_tokens": 32, "roles": ["user"]}
+    for request in greedy:
+        assert request == {**chat, "temperature": 0.0, "top_p": None}, request
+    for request in sampled:
+        assert request == {**chat, **SAMPLING}, request
+    report = _report(runs, host)
+    for name in ("sharegpt", "sharegpt_sampled"):
+        workload = report["workloads"][name]
+        assert workload["endpoint"] == "/v1/chat/completions" and workload["chat_template_kwargs"] == {"thinking": True}
+        assert report["baseline_key"]["workloads"][name] == workload  # the route and the sampling are in the key
 
 
 def test_vllm_client_refuses_the_custom_code_tokenizer_without_the_flag(runs):
@@ -218,7 +238,7 @@ def test_the_run_without_speculation_records_its_baseline_on_the_host(runs):
     assert len(files) == 1
     document = json.loads(files[0].read_text())
     assert document["profile"] == "kimi-plain" and document["key"]["model"].startswith("c0ffee")
-    assert document["levels"] == {"1": {"workload": "sharegpt"}}
+    assert document["levels"] == {"1": {"workload": "sharegpt"}, "2": {"workload": "sharegpt_sampled"}}
 
 
 def test_066x_fails_on_the_ratio_with_no_warning(runs):

@@ -58,7 +58,14 @@ def build_parser(flavour: str) -> argparse.ArgumentParser:
         add("--disable-ignore-eos", action="store_true")
         add("--extra-request-body", default="")
     else:
+        # vllm/benchmarks/serve.py, its argument group "sampling parameters"
         add("--temperature", type=float)
+        add("--top-p", type=float)
+        add("--top-k", type=int)
+        add("--min-p", type=float)
+        add("--presence-penalty", type=float)
+        add("--frequency-penalty", type=float)
+        add("--repetition-penalty", type=float)
         add("--extra-body", type=json.loads)
         add("--trust-remote-code", action="store_true")
         add("--endpoint", default="/v1/completions")
@@ -81,15 +88,19 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
 
 
+VLLM_SAMPLING = ("top_p", "top_k", "min_p", "temperature", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty")
+
+
 def sampling(args: argparse.Namespace) -> dict[str, object]:
     """What the real clients put in each request body: SGLang temperature 0.0 unless --extra-request-body
-    names one (sglang/benchmark/serving.py); vLLM a temperature only when given, then --extra-body
+    names one (sglang/benchmark/serving.py); vLLM each sampling parameter only when given, then --extra-body
     (vllm/benchmarks/serve.py). Not streamed, so no stream_options (the engines refuse them without `stream`)."""
     if hasattr(args, "extra_request_body"):
         body = {"temperature": 0.0, "ignore_eos": True, **json.loads(args.extra_request_body or "{}")}
     else:
-        temperature = {} if args.temperature is None else {"temperature": args.temperature}
-        body = {"ignore_eos": bool(args.ignore_eos), **temperature, **(args.extra_body or {})}
+        given = {key: getattr(args, key) for key in VLLM_SAMPLING if getattr(args, key) is not None}
+        body = {"ignore_eos": bool(args.ignore_eos), **given, **(args.extra_body or {})}
     body.pop("stream_options", None)
     return body
 

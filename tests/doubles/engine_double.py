@@ -41,7 +41,8 @@ Environment (all optional):
     ENGINE_DOUBLE_ACCEPT_RATE   fraction of drafted tokens accepted when speculation is on (default 0.6)
     ENGINE_DOUBLE_SPEC_COST     relative cost of one verify step vs a plain decode step (default 1.3)
     ENGINE_DOUBLE_REQUEST_LOG   a file to which each generation request appends one JSON line: its route and what
-                              decides what is generated (stream, usage, ignore_eos, chat_template_kwargs, messages)
+                              decides what is generated (stream, usage, ignore_eos, chat_template_kwargs, temperature,
+                              top_p, messages)
 Stdlib only: it runs inside the systemd test hosts with the distribution's python3.
 """
 
@@ -159,7 +160,7 @@ class Engine:
         line = {"path": path, "stream": bool(request.get("stream")),
                 "include_usage": bool((request.get("stream_options") or {}).get("include_usage")),
                 "ignore_eos": request.get("ignore_eos"), "chat_template_kwargs": request.get("chat_template_kwargs"),
-                "temperature": request.get("temperature"),
+                "temperature": request.get("temperature"), "top_p": request.get("top_p"),
                 "max_tokens": request.get("max_tokens") or request.get("max_completion_tokens"),
                 "roles": [m.get("role") for m in messages] if isinstance(messages, list) else None}
         with self.lock, open(self.request_log, "a", encoding="utf-8") as log:

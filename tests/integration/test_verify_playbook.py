@@ -33,6 +33,8 @@ TOKENS_PER_S = "50"
 LEVELS = [1, 8]
 # Concurrency 1 is gated; 8 is benchmarked and reported but swings with the load of a shared 2-core CI box.
 GATED = [1]
+# The gated level runs sampled (verify_bench_sampled_concurrency, by default the highest gated level) but on `slow`.
+SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 WORKLOAD = {"input_len": 16, "output_len": 32, "min_prompts": 4, "per_concurrency": 2}
 VLLM_KEY = "vk-Secret-123!$q"
 UNENFORCED_KEY = "never-Enforced-KEY-42"
@@ -61,13 +63,15 @@ def run(tmp_path_factory: pytest.TempPathFactory):
             work,
             "slow",
             speculative=True,
-            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.15", "ENGINE_DOUBLE_SPEC_COST": "1.78"},
+            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.15", "ENGINE_DOUBLE_SPEC_COST": "1.78",
+                 "ENGINE_DOUBLE_REQUEST_LOG": str(work / "slow-requests.jsonl")},
         ),
         "fast": EngineDouble(
             work,
             "fast",
             speculative=True,
-            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.8", "ENGINE_DOUBLE_SPEC_COST": "1.64"},
+            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.8", "ENGINE_DOUBLE_SPEC_COST": "1.64",
+                 "ENGINE_DOUBLE_REQUEST_LOG": str(work / "fast-requests.jsonl")},
         ),
         # The same speculative engine on a host where nothing was recorded (its own double: the window counters
         # of `fast` must see only the `fast` host's benchmark).
@@ -83,7 +87,8 @@ def run(tmp_path_factory: pytest.TempPathFactory):
             "vllm",
             speculative=True,
             api_key=VLLM_KEY,
-            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.6", "ENGINE_DOUBLE_SPEC_COST": "1.3"},
+            env={**speed, "ENGINE_DOUBLE_ACCEPT_RATE": "0.6", "ENGINE_DOUBLE_SPEC_COST": "1.3",
+                 "ENGINE_DOUBLE_REQUEST_LOG": str(work / "vllm-requests.jsonl")},
         ),
         # vLLM as it serves without the deploy's middleware: /invocations answers without the key.
         "open_route": EngineDouble(work, "open_route", "vllm", api_key=VLLM_KEY,
@@ -134,7 +139,8 @@ def run(tmp_path_factory: pytest.TempPathFactory):
         hosts = {
             name: _host(doubles[source], tokenizer, report_root, work / name, **extra)
             for name, source, extra in (
-                ("slow", "slow", {"verify_baselines": {"p": baseline}, "verify_min_accept_rate": 0.3}),
+                ("slow", "slow", {"verify_baselines": {"p": baseline}, "verify_min_accept_rate": 0.3,
+                                  "verify_bench_sampled_concurrency": 0}),
                 ("fast", "fast", {"verify_baseline": str(baseline_file)}),
                 (
                     "vllm_key",
@@ -149,6 +155,9 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                 # A speculative profile and nothing recorded on the host: the speed-up is not measured.
                 ("no_baseline", "unmeasured", {}),
                 ("open_key", "base", {"verify_mode": "smoke", "sglang_api_key": UNENFORCED_KEY}),
+                # A sampled level that is not gated, and sampling that would not sample: refused before anything runs.
+                ("ungated_sampled", "base", {"verify_bench_sampled_concurrency": 8}),
+                ("greedy_sampled", "base", {"verify_bench_sampling": {"temperature": 0.0, "top_q": 0.9}}),
                 ("open_route", "open_route", {"verify_mode": "smoke", "vllm_api_key": VLLM_KEY}),
                 ("echo_key", "echo_key", {"verify_mode": "smoke", "sglang_api_key": ECHOED_KEY}),
                 (
@@ -318,20 +327,57 @@ def test_no_baseline_fails_the_gate_speed_up_not_measured(run):
     assert "verify gate FAILED on no_baseline: speed-up not measured at concurrency 1" in run["output"]
 
 
-def test_gated_levels_run_sharegpt_and_the_others_random_tokens(run):
-    report = _report(run, "fast")
-    assert {row["concurrency"]: row["workload"] for row in report["levels"]} == {1: "sharegpt", 8: "random"}
-    inputs = json.loads((host_report_dir(run["reports"], "fast") / "inputs.json").read_text())
+@pytest.mark.parametrize(("host", "workload", "sampling"), [("fast", "sharegpt_sampled", SAMPLING),
+                                                            ("slow", "sharegpt", {"temperature": 0.0})])
+def test_gated_levels_run_sharegpt_and_the_others_random_tokens(run, host, workload, sampling):
+    """The gated level runs the ShareGPT conversations, sampled where it is the sampled level (`fast`, by default)
+    and greedy where there is none (`slow`: verify_bench_sampled_concurrency 0); the others random tokens."""
+    report = _report(run, host)
+    assert {row["concurrency"]: row["workload"] for row in report["levels"]} == {1: workload, 8: "random"}
+    assert {row["concurrency"]: row["sampling"] for row in report["levels"]} == {1: sampling,
+                                                                                 8: {"temperature": 0.0}}
+    inputs = json.loads((host_report_dir(run["reports"], host) / "inputs.json").read_text())
     results = {level["concurrency"]: level["result"] for level in inputs["bench"]["levels"]}
     assert results[1]["dataset_name"] == "sharegpt" and results[1]["sharegpt_output_len"] == WORKLOAD["output_len"]
     assert results[8]["dataset_name"] == "random-ids" and results[8]["random_input_len"] == WORKLOAD["input_len"]
-    assert report["workloads"]["sharegpt"]["temperature"] == 0.0
+    assert report["workloads"]["sharegpt"]["sampling"] == {"temperature": 0.0}
+    assert report["workloads"]["sharegpt_sampled"]["sampling"] == SAMPLING
     # the gated level through the client's chat path, the random tokens through completions (the lock's endpoints)
     assert (results[1]["backend"], results[8]["backend"]) == ("sglang-oai-chat", "sglang-oai")
-    assert report["workloads"]["sharegpt"]["endpoint"] == "/v1/chat/completions"
+    assert report["workloads"][workload]["endpoint"] == "/v1/chat/completions"
     assert report["workloads"]["random"]["endpoint"] == "/v1/completions"
-    markdown = (host_report_dir(run["reports"], "fast") / "report.md").read_text()
-    assert re.search(r"^\| 1 \| .* \| yes \| sharegpt \|$", markdown, re.MULTILINE), markdown
+    markdown = (host_report_dir(run["reports"], host) / "report.md").read_text()
+    shown = ", ".join(f"{key} {value}" for key, value in sampling.items())
+    assert re.search(rf"^\| 1 \| .* \| yes \| {workload} \| {shown} \|$", markdown, re.MULTILINE), markdown
+
+
+@pytest.mark.parametrize(("double", "sampling"), [("fast", SAMPLING), ("vllm", SAMPLING),
+                                                  ("slow", {"temperature": 0.0, "top_p": None})])
+def test_the_sampled_level_sent_its_sampling_parameters(run, double, sampling):
+    """What the engine got from the benchmark client (the smoke asks for other max_tokens): the sampled level's chat
+    requests carry temperature and top_p (SGLang's client in its request body, vLLM's from --temperature/--top-p),
+    the greedy levels temperature 0 and no top_p."""
+    log = run["work"] / f"{double}-requests.jsonl"
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    sent = [line for line in sent if line["max_tokens"] == WORKLOAD["output_len"]]
+    chat = [(line["temperature"], line["top_p"]) for line in sent if line["path"] == "/v1/chat/completions"]
+    completions = {(line["temperature"], line["top_p"]) for line in sent if line["path"] == "/v1/completions"}
+    assert len(chat) == prompts_for(1), sent  # level 1's requests, the chat route's only ones of this length
+    assert set(chat) == {(sampling["temperature"], sampling["top_p"])}, sent
+    assert completions == {(0.0, None)}, sent  # level 8, random tokens
+
+
+def test_a_sampled_level_that_is_not_gated_or_does_not_sample_is_refused_naming_it(run):
+    output = " ".join(run["output"].split())
+    assert _recap(run["output"], "ungated_sampled")["failed"] == 1
+    assert ("verify_bench_sampled_concurrency=8 is not one of verify_gate_concurrency [1]: the sampled level must be "
+            "a gated level (0 = no sampled level)") in output, output[-3000:]
+    assert _recap(run["output"], "greedy_sampled")["failed"] == 1
+    assert re.search(r'verify_bench_sampling=\{"temperature": 0\.0, "top_q": 0\.9\} does not sample the level '
+                     r"verify_bench_sampled_concurrency=1: its keys must be among temperature, top_p, .* "
+                     r"\(not: top_q\), and temperature must be > 0", output), output[-3000:]
+    for host in ("ungated_sampled", "greedy_sampled"):  # refused before the benchmark: no report
+        assert not (run["reports"] / host).exists()
 
 
 def test_vllm_acceptance_matches_the_clients_own_window(run):

@@ -95,13 +95,15 @@ def test_reader_accepts_the_real_lock(good_lock: dict[str, Any]) -> None:
     (lambda lock: lock.update(bench={"argv": []}), "bench must be a mapping with 'module' and 'argv'"),
     (lambda lock: lock["bench"]["workloads"].pop("sharegpt"), "bench needs 'workloads' (sharegpt and random)"),
     (lambda lock: lock["bench"]["endpoints"].pop("sharegpt"), "bench needs 'endpoints', the route each workload"),
+    (lambda lock: lock["bench"]["options"].pop("request_body"), "bench needs a flag for each sampling parameter"),
     (lambda lock: lock["hashes"].pop("torch"), "requirement torch has no sha256 in hashes"),
     (lambda lock: lock["hashes"].update(numpy=["abc"]), "hashes of numpy hold 'abc', not a sha256"),
     (lambda lock: lock["hashes"].update(left_over=["0" * 64]), "hashes name left_over, which requirements do not"),
     (lambda lock: lock.pop("hashes"), "missing key 'hashes'"),
 ], ids=["no-torch", "float-version", "range-version", "range-requirement", "engine-unpinned",
         "torch-mismatch", "cuda-contract-torch", "contract-engine", "contract-packages", "pinned-string",
-        "bench-module", "bench-workloads", "bench-endpoints", "no-torch-hash", "short-hash", "stray-hash", "no-hashes"])
+        "bench-module", "bench-workloads", "bench-endpoints", "bench-sampling", "no-torch-hash", "short-hash",
+        "stray-hash", "no-hashes"])
 def test_reader_reports_what_is_wrong(good_lock: dict[str, Any], change: Any, message: str) -> None:
     change(good_lock)
     problems = lock_problems(good_lock, PATH)

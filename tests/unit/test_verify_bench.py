@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -32,9 +33,19 @@ SETTINGS = {
     "request_body": {"temperature": 0.0, "chat_template_kwargs": {"thinking": True},
                      "stream_options": {"include_usage": True}},
     "extra_body": {"chat_template_kwargs": {"thinking": True}},
+    # greedy: no other sampling parameter
+    "top_p": None, "top_k": None, "min_p": None, "presence_penalty": None, "frequency_penalty": None,
+    "repetition_penalty": None,
 }
 RANDOM = {**SETTINGS, "dataset_path": None, "sharegpt_output_len": None, "random_input_len": 512,
           "random_output_len": 256, "request_body": {"temperature": 0.0}, "extra_body": None}
+# The sampled level (verify_bench_sampled_concurrency, workload sharegpt_sampled, run with the lock's sharegpt flags)
+# with the default verify_bench_sampling {temperature: 0.6, top_p: 0.95}.
+SAMPLED = {**SETTINGS, "max_concurrency": 8, "num_prompts": 32, "temperature": 0.6, "top_p": 0.95,
+           "request_body": {"temperature": 0.6, "top_p": 0.95, "chat_template_kwargs": {"thinking": True},
+                            "stream_options": {"include_usage": True}}}
+SAMPLING_FLAGS = {"--temperature", "--top-p", "--top-k", "--min-p", "--presence-penalty", "--frequency-penalty",
+                  "--repetition-penalty"}
 
 
 def _locks() -> list[tuple[str, str]]:
@@ -88,6 +99,46 @@ def test_vllm_passes_temperature_and_trust_remote_code_only_when_the_release_say
     assert _flag(untrusted, "--extra-body") == '{"chat_template_kwargs":{"thinking":true}}'
     assert _flag(untrusted, "--temperature") == "0.0"
     assert bench_argv_mod.bench_output_path(recipe, SETTINGS) == "/tmp/x/c1.json"
+
+
+def test_sglang_sampled_level_sends_its_sampling_in_the_request_body():
+    """SGLang's chat request sets temperature 0.0 only when the extra request body names none, and lets the body
+    override the rest (sglang/benchmark/serving.py async_request_openai_chat_completions)."""
+    args = bench_argv_mod.bench_argv(load_lock("sglang")["bench"], "sharegpt", SAMPLED)
+    assert args[:6] == ["--request-rate", "inf", "--backend", "sglang-oai-chat", "--dataset-name", "sharegpt"]
+    assert _flag(args, "--extra-request-body") == ('{"chat_template_kwargs":{"thinking":true},'
+                                                   '"stream_options":{"include_usage":true},'
+                                                   '"temperature":0.6,"top_p":0.95}')
+    assert _flag(args, "--max-concurrency") == "8" and _flag(args, "--dataset-path") == "/tmp/x/sharegpt.json"
+    assert not SAMPLING_FLAGS & set(args)  # not flags of SGLang's client
+
+
+@pytest.mark.parametrize("version", [version for engine, version in _locks() if engine == "vllm"])
+def test_vllm_sampled_level_sends_its_sampling_as_the_clients_own_flags(version):
+    """`vllm bench serve` puts --temperature, --top-p, ... (its "sampling parameters" group) into every request body
+    (vllm/benchmarks/serve.py); a parameter not given is not sent."""
+    recipe = load_lock("vllm", version)["bench"]
+    args = bench_argv_mod.bench_argv(recipe, "sharegpt", SAMPLED)
+    assert _flag(args, "--backend") == "openai-chat" and _flag(args, "--endpoint") == "/v1/chat/completions"
+    assert _flag(args, "--temperature") == "0.6" and _flag(args, "--top-p") == "0.95"
+    assert SAMPLING_FLAGS & set(args) == {"--temperature", "--top-p"}
+    assert _flag(args, "--extra-body") == '{"chat_template_kwargs":{"thinking":true}}'
+    every = {**SAMPLED, "top_k": 20, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+             "repetition_penalty": 1.05}
+    args = bench_argv_mod.bench_argv(recipe, "sharegpt", every)
+    assert [_flag(args, flag) for flag in ("--top-k", "--min-p", "--presence-penalty", "--frequency-penalty",
+                                           "--repetition-penalty")] == ["20", "0.05", "0.5", "0.25", "1.05"]
+    greedy = bench_argv_mod.bench_argv(recipe, "sharegpt", SETTINGS)
+    assert SAMPLING_FLAGS & set(greedy) == {"--temperature"} and _flag(greedy, "--temperature") == "0.0"
+
+
+@pytest.mark.parametrize(("engine", "version"), _locks())
+def test_every_lock_sends_every_sampling_parameter_verify_may_send(engine, version):
+    """Each key of __verify_bench_sampling_keys reaches the client: as its own flag, or in the request body."""
+    options = load_lock(engine, version)["bench"]["options"]
+    keys = yaml.safe_load((REPO / "roles" / "verify" / "vars" / "main.yml").read_text())["__verify_bench_sampling_keys"]
+    assert "seed" not in keys  # vLLM's --seed draws the prompts
+    assert "request_body" in options or set(keys) <= set(options), (engine, version)
 
 
 def test_a_recipe_setting_verify_does_not_supply_fails_loudly():

@@ -26,9 +26,12 @@ def bench(throughput: float, completed: int = 8) -> dict:
 
 WORKLOADS = {"sharegpt": {"dataset": "sharegpt", "endpoint": "/v1/chat/completions",
                           "chat_template_kwargs": {"thinking": True}, "subset_sha256": "ab" * 32, "output_len": 256,
-                          "temperature": 0.0},
+                          "sampling": {"temperature": 0.0}},
+             "sharegpt_sampled": {"dataset": "sharegpt", "endpoint": "/v1/chat/completions",
+                                  "chat_template_kwargs": {"thinking": True}, "subset_sha256": "ab" * 32,
+                                  "output_len": 256, "sampling": {"temperature": 0.6, "top_p": 0.95}},
              "random": {"dataset": "random", "endpoint": "/v1/completions", "input_len": 512, "output_len": 256,
-                        "temperature": 0.0}}
+                        "sampling": {"temperature": 0.0}}}
 KEY = {"engine": "vllm", "engine_version": "0.33.0", "model": "c0ffee",
        "tensor_parallel_size": 8, "gpu_model": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "workloads": WORKLOADS}
 
@@ -76,7 +79,9 @@ def test_reference_host_case_fails_with_numbers_and_sources():
     assert row["acceptance"]["source"] == "Δ/metrics counters over the benchmark window"
     markdown = report_mod.markdown(report)
     assert "- **Gate: FAIL**" in markdown
-    assert "| 1 | 54.6 | 82.5 | 0.66x | 15.0% | 1.45 | 300.0 | 10.0 | 20.0 | 8 | yes | sharegpt |" in markdown
+    assert ("| 1 | 54.6 | 82.5 | 0.66x | 15.0% | 1.45 | 300.0 | 10.0 | 20.0 | 8 | yes | sharegpt | temperature 0.0 |"
+            in markdown)
+    assert row["sampling"] == {"temperature": 0.0}  # from the workload's definition
     assert "![Throughput per concurrency, baseline vs this run, and acceptance](throughput.png)" in markdown
     assert "ENGINE TEST DOUBLE" not in markdown
 
@@ -165,6 +170,80 @@ def test_levels_above_the_request_cap_or_on_another_workload_are_not_comparable(
     other_workload["bench"]["levels"][0]["workload"] = "random"
     row = report_mod.build_report(other_workload, bws_metrics)[0]["levels"][0]
     assert row["not_comparable"] == "the baseline ran the sharegpt workload at concurrency 1, this run random"
+
+
+def sampled_level(throughput: float, concurrency: int = 8) -> dict:
+    """A level of workload sharegpt_sampled, as tasks/bench_level.yml records it (with its sampling)."""
+    return {"concurrency": concurrency, "num_prompts": 32, "workload": "sharegpt_sampled",
+            "sampling": {"temperature": 0.6, "top_p": 0.95}, "result": bench(throughput, completed=32),
+            "metrics_available": True,
+            "metrics_before": {bws_metrics.VLLM_DRAFTS: 0, bws_metrics.VLLM_DRAFT_TOKENS: 0,
+                               bws_metrics.VLLM_ACCEPTED_TOKENS: 0},
+            "metrics_after": {bws_metrics.VLLM_DRAFTS: 100, bws_metrics.VLLM_DRAFT_TOKENS: 300,
+                              bws_metrics.VLLM_ACCEPTED_TOKENS: 150}}
+
+
+def with_sampled_level(run: dict, throughput: float) -> dict:
+    run["bench"]["levels"].append(sampled_level(throughput))
+    run["gate"]["levels"] = [1, 8]
+    return run
+
+
+def test_the_sampled_level_is_reported_with_its_workload_and_sampling_and_gated_like_the_others():
+    measured = with_sampled_level(inputs(mode="full", speculative=False, baseline=None, profile="kimi-no-spec"),
+                                  300.0)
+    for level in measured["bench"]["levels"]:
+        level["metrics_before"] = level["metrics_after"] = {}
+    document = report_mod.build_report(measured, bws_metrics)[1]
+    assert document["levels"] == {"1": {"workload": "sharegpt"}, "8": {"workload": "sharegpt_sampled"}}
+    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=None, recorded_baseline=document), 240.0),
+                                        bws_metrics)
+    sampled = report["levels"][1]
+    assert sampled["workload"] == "sharegpt_sampled" and sampled["sampling"] == {"temperature": 0.6, "top_p": 0.95}
+    assert sampled["speedup"]["value"] == pytest.approx(0.8)
+    assert "speed-up 0.80x at concurrency 8 is below the 1.00x minimum (240.0 vs 300.0 tok/s baseline, -20%)" \
+        in report["gate"]["failures"]
+    markdown = report_mod.markdown(report)
+    assert "| 8 | 240.0 | 300.0 | 0.80x | 50.0% | 2.50 |" in markdown
+    assert "| 32 | yes | sharegpt_sampled | temperature 0.6, top_p 0.95 |" in markdown
+    assert "| 8 | yes | sharegpt | temperature 0.0 |" in markdown
+    assert ('- Workload `sharegpt_sampled`: {"dataset": "sharegpt", "endpoint": "/v1/chat/completions", '
+            in markdown)
+    assert "c=8 (sharegpt_sampled, temperature 0.6, top_p 0.95): 240.0 tok/s" in " ".join(
+        report_mod.summary_lines(report))
+
+
+def test_a_greedy_baseline_is_never_compared_with_the_sampled_level(tmp_path):
+    """The same conversations greedy (the level's workload before it was sampled) or sampled otherwise: not comparable,
+    and the gate says so."""
+    greedy = recorded(300.0)
+    greedy["output_throughput"] = {"1": 82.5, "8": 300.0}
+    greedy["levels"] = {"1": {"workload": "sharegpt"}, "8": {"workload": "sharegpt"}}
+    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=None, recorded_baseline=greedy), 400.0),
+                                        bws_metrics)
+    why = "the baseline ran the sharegpt workload at concurrency 8, this run sharegpt_sampled"
+    assert report["levels"][1]["not_comparable"] == why and "speedup" not in report["levels"][1]
+    assert f"speed-up not measured at concurrency 8: {why} (" in " | ".join(report["gate"]["failures"])
+    # a baseline.json sampled with other parameters (its key's workload definition says so)
+    other = {**WORKLOADS["sharegpt_sampled"], "sampling": {"temperature": 1.0}}
+    document = recorded(baseline_key={**KEY, "workloads": {**WORKLOADS, "sharegpt_sampled": other}})
+    document["output_throughput"] = {"8": 300.0}
+    document["levels"] = {"8": {"workload": "sharegpt_sampled"}}
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(document))
+    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=str(path)), 400.0), bws_metrics)
+    assert report["levels"][1]["not_comparable"] == ("the baseline ran the sharegpt_sampled workload with "
+                                                     "temperature 1.0, this run with temperature 0.6, top_p 0.95")
+
+
+def test_a_baseline_recorded_before_workloads_carried_their_sampling_still_compares_greedy_levels(tmp_path):
+    """Its workloads say `temperature`: the greedy level is the same measurement."""
+    old = {name: {**{k: v for k, v in spec.items() if k != "sampling"}, "temperature": 0.0}
+           for name, spec in WORKLOADS.items() if name != "sharegpt_sampled"}
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(recorded(baseline_key={**KEY, "workloads": old})))
+    row = report_mod.build_report(inputs(baseline=str(path)), bws_metrics)[0]["levels"][0]
+    assert "not_comparable" not in row and row["speedup"]["value"] == pytest.approx(54.6 / 82.5)
 
 
 def test_baseline_mode_document_round_trips_as_verify_baseline(tmp_path):

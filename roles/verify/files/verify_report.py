@@ -63,9 +63,27 @@ def _baseline_document(raw: object) -> tuple[dict, Path]:
     return document, path
 
 
+def workload_sampling(spec: object) -> dict | None:
+    """The sampling parameters of a workload definition: its `sampling`, or the `temperature` of a definition
+    recorded before workloads carried their sampling; None where neither is recorded."""
+    if not isinstance(spec, dict):
+        return None
+    if isinstance(spec.get("sampling"), dict):
+        return spec["sampling"]
+    return {"temperature": spec["temperature"]} if "temperature" in spec else None
+
+
+def sampling_text(sampling: object) -> str:
+    """`temperature 0.6, top_p 0.95`, as the report prints a level's sampling parameters."""
+    if not isinstance(sampling, dict) or not sampling:
+        return "not recorded"
+    return ", ".join(f"{key} {value}" for key, value in sampling.items())
+
+
 def _document_levels(document: dict, metrics, where: str) -> dict[int, dict]:
-    """{concurrency: {"output_throughput", "workload"?, "endpoint"?, "request_cap"?}} of a baseline document.
-    `endpoint` is the route the baseline's workload was sent to (its key's workloads; None where not recorded)."""
+    """{concurrency: {"output_throughput", "workload"?, "endpoint"?, "sampling"?, "request_cap"?}} of a baseline
+    document. `endpoint` is the route the baseline's workload was sent to and `sampling` its sampling parameters (its
+    key's workloads; None where not recorded)."""
     throughput = metrics.normalise_throughputs(document.get("output_throughput", {}), where)
     details = {int(k): v for k, v in (document.get("levels") or {}).items()}
     workloads = (document.get("key") or {}).get("workloads") or {}
@@ -73,8 +91,9 @@ def _document_levels(document: dict, metrics, where: str) -> dict[int, dict]:
     levels = {}
     for level, value in throughput.items():
         workload = details.get(level, {}).get("workload")
+        spec = (workloads.get(workload) or {}) if workload else {}
         levels[level] = {"output_throughput": value, "workload": workload, "request_cap": cap,
-                         "endpoint": (workloads.get(workload) or {}).get("endpoint") if workload else None}
+                         "endpoint": spec.get("endpoint"), "sampling": workload_sampling(spec)}
     return levels
 
 
@@ -141,11 +160,24 @@ def not_comparable(level: dict, inputs: dict, reference: dict | None) -> str | N
     if reference.get("workload") is not None:
         # The same workload sent to another route (completions vs chat: another prompt, another output) is
         # another measurement; a document that does not record the route cannot show it is the same one.
-        endpoint = ((inputs.get("bench") or {}).get("workloads") or {}).get(level.get("workload"), {}).get("endpoint")
+        spec = ((inputs.get("bench") or {}).get("workloads") or {}).get(level.get("workload"), {})
+        endpoint = spec.get("endpoint")
         if endpoint and reference.get("endpoint") != endpoint:
             return (f"the baseline sent the {reference['workload']} workload to "
                     f"{reference.get('endpoint') or 'a route it does not record'}, this run to {endpoint}")
+        # Greedy and sampled decoding are other measurements (the sampler runs, drafts are accepted otherwise).
+        sampling = level_sampling(level, inputs)
+        if sampling is not None and reference.get("sampling") != sampling:
+            return (f"the baseline ran the {reference['workload']} workload with "
+                    f"{sampling_text(reference.get('sampling'))}, this run with {sampling_text(sampling)}")
     return None
+
+
+def level_sampling(level: dict, inputs: dict) -> dict | None:
+    """The sampling parameters a level ran with: as it recorded them, else its workload's definition."""
+    if isinstance(level.get("sampling"), dict):
+        return level["sampling"]
+    return workload_sampling(((inputs.get("bench") or {}).get("workloads") or {}).get(level.get("workload")))
 
 
 # --- levels -----------------------------------------------------------------------------------------
@@ -155,7 +187,7 @@ def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, dict
     concurrency = int(level["concurrency"])
     bench = level["result"]
     row: dict[str, object] = {"concurrency": concurrency, "num_prompts": level["num_prompts"],
-                              "workload": level.get("workload")}
+                              "workload": level.get("workload"), "sampling": level_sampling(level, inputs)}
     for key in BENCH_KEYS:
         if key in bench:
             row[key] = number(bench[key], SRC_BENCH.format(key=key))
@@ -304,8 +336,8 @@ def markdown(report: dict) -> str:
         lines.append("")
     lines += ["## Throughput and acceptance", "",
               "| Concurrency | Output tok/s | Baseline tok/s | Speed-up | Accept rate | Accept length "
-              "| Mean TTFT ms | Median ITL ms | P99 ITL ms | Completed | Gated | Workload |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---|"]
+              "| Mean TTFT ms | Median ITL ms | P99 ITL ms | Completed | Gated | Workload | Sampling |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---|:---|"]
     for row in report["levels"]:
         accept = row.get("acceptance") or {}
         lines.append(
@@ -314,7 +346,7 @@ def markdown(report: dict) -> str:
             f"{fmt(accept.get('rate'), '.1%')} | {fmt(accept.get('length'), '.2f')} | "
             f"{fmt(row.get('mean_ttft_ms'))} | {fmt(row.get('median_itl_ms'))} | {fmt(row.get('p99_itl_ms'))} | "
             f"{fmt(row.get('completed'), 'd')} | {'yes' if row['concurrency'] in gated else 'no'} | "
-            f"{row.get('workload') or '–'} |")
+            f"{row.get('workload') or '–'} | {sampling_text(row.get('sampling'))} |")
     lines += ["", "![Throughput per concurrency, baseline vs this run, and acceptance](throughput.png)", "",
               "## Where the numbers come from", "",
               "- Output tok/s, TTFT, ITL, completed: the engine's own benchmark client, its JSON keys "
@@ -359,7 +391,8 @@ def summary_lines(report: dict) -> list[str]:
     lines = [head]
     for row in report["levels"]:
         accept = row.get("acceptance") or {}
-        lines.append(f"c={row['concurrency']} ({row.get('workload')}): {fmt(row.get('output_throughput'))} tok/s"
+        lines.append(f"c={row['concurrency']} ({row.get('workload')}, {sampling_text(row.get('sampling'))}): "
+                     f"{fmt(row.get('output_throughput'))} tok/s"
                      f", baseline {fmt(row.get('baseline_output_throughput'))}"
                      f", speed-up {fmt(row.get('speedup'), '.2f', 'x')}"
                      f", accept rate {fmt(accept.get('rate'), '.1%')} (window)")
