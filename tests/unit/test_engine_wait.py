@@ -284,7 +284,7 @@ def test_bytes_read_by_the_units_cgroup_are_progress_until_they_stop(endpoint, c
     code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
                              interval_s=0.2, nvidia_smi="")
     assert code == 1 and result["stalled"] is True, result["msg"]
-    assert 3.0 + 1.5 <= took <= 3.0 + 1.5 * 1.1 + 0.5
+    assert 2.8 + 1.5 <= took <= 3.0 + 1.5 * 1.1 + 0.5  # the last write lands 0.1 s (one step) before 3.0 s at most
     assert result["silent_s"] <= 1.5 * 1.1
     sources = result["progress"]["sources"]
     assert result["progress"]["last_source"] == ["io_stat"]
@@ -362,7 +362,10 @@ def test_gpu_memory_the_units_processes_hold_is_progress_at_each_new_high(endpoi
     code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
                              interval_s=0.2, nvidia_smi=str(script))
     assert code == 1 and result["stalled"] is True
-    assert 2.0 + 1.5 <= took <= 2.4 + 1.5 * 1.1 + 0.6, took
+    # The filler's last new high lands 2.1 s after it starts, and the wait stalls 1.5 s after the last high it saw;
+    # the lower bound leaves 0.6 s for the samples' own timing under load (each is a process). Without the GPU
+    # source the wait would stall at 1.5 s.
+    assert 1.5 + 1.5 <= took <= 2.4 + 1.5 * 1.1 + 0.6, took
     gpu = result["progress"]["sources"]["gpu_memory"]
     assert gpu["read"] and gpu["counts"] == "MiB held" and gpu["value"] in (5000, 7000)
     assert result["progress"]["last_source"] == ["gpu_memory"]
