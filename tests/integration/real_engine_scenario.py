@@ -107,12 +107,18 @@ def failed_gate_rolls_back(host: EngineHost, runs: list, engine: str) -> None:
 SAMPLER_HANG_SMOKE_TIMEOUT_S = 40
 
 
-def task_times(run, name_part: str) -> tuple[datetime, datetime]:
-    """When the play's task whose name holds name_part started and ended (ansible-runner's job events)."""
+def task_results(run, name_part: str) -> list[dict]:
+    """The ok and failed results of the play's tasks whose name holds name_part, in order (ansible-runner's job
+    events)."""
     events = [json.loads(path.read_text()) for path in (Path(run.artifact_dir) / "job_events").glob("*.json")]
-    done = [event["event_data"] for event in events
+    return [event for event in sorted(events, key=lambda event: event.get("counter", 0))
             if event.get("event") in ("runner_on_ok", "runner_on_failed")
             and name_part in (event.get("event_data", {}).get("task") or "")]
+
+
+def task_times(run, name_part: str) -> tuple[datetime, datetime]:
+    """When the play's task whose name holds name_part started and ended."""
+    done = [event["event_data"] for event in task_results(run, name_part)]
     assert len(done) == 1, f"{len(done)} results of a task named like {name_part!r}"
     return datetime.fromisoformat(done[0]["start"]), datetime.fromisoformat(done[0]["end"])
 
@@ -206,11 +212,8 @@ STALL_FLOOR_S, STALL_CAP_S = 30, 150
 def wait_results(run) -> list[tuple[bool, dict]]:
     """The serve check's engine_wait results of a play (ansible-runner's job events), in order: (whether the wait
     succeeded, the module's return values)."""
-    events = [json.loads(path.read_text()) for path in (Path(run.artifact_dir) / "job_events").glob("*.json")]
     return [(event["event"] == "runner_on_ok", event["event_data"]["res"])
-            for event in sorted(events, key=lambda event: event.get("counter", 0))
-            if event.get("event") in ("runner_on_ok", "runner_on_failed")
-            and "Serve check | wait for readiness" in (event.get("event_data", {}).get("task") or "")]
+            for event in task_results(run, "Serve check | wait for readiness")]
 
 
 def stall_timeout_for(runs: list) -> int:
