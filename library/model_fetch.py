@@ -20,8 +20,9 @@ description:
     unless O(refresh=true).
   - "HTTP mirrors: several files at once and large files in ranges on O(streams) connections; the sha256 is
     computed while the bytes arrive (no second read). Hub sources: the C(huggingface_hub) client of the
-    model store's tools venv (O(hf_client)) fetches the missing files into O(dest), then each is checked
-    against the sha256 / git blob id of the Hub's listing (O(hf_client.verify))."
+    model store's tools venv (O(hf_client)) fetches the missing files into O(dest); the sha256 (and git blob
+    id) of each is computed from the bytes as the client writes them and checked against the Hub's listing
+    (O(hf_client.verify))."
   - With O(slice_s) a call fetches for about that long (no new file starts after it; files started finish),
     then returns C(done), C(progress) (bytes done / total, rate, ETA) and a one-line C(msg); the next call
     resumes. The same numbers are written to C(<dest>/.model_store/progress.json) every second.
@@ -102,11 +103,12 @@ options:
     default: 128
   hf_client:
     description:
-      - The C(huggingface_hub) client for C(hf) sources. C(venv) is the tools venv holding it and
+      - "The C(huggingface_hub) client for C(hf) sources. C(venv) is the tools venv holding it and
         C(bws_hf_fetch.py) (created by the model_store role); C(workers) parallel files; C(xet) lets it use
-        Xet storage (C(HF_HUB_DISABLE_XET) otherwise); C(verify) is C(read) (each finished file is read once
-        more, while the others download, and compared with the listing's sha256 / git blob id) or C(trust)
-        (the client's size check only; the listing's sha256 is recorded with method C(hf-client)).
+        Xet storage (C(HF_HUB_DISABLE_XET) otherwise); C(verify) is C(read) (each finished file is compared
+        with the listing's sha256 / git blob id, from the digests of its bytes as the client wrote them, or
+        read once more where the client wrote it without them, as with Xet storage) or C(trust) (the
+        client's size check only; the listing's sha256 is recorded with method C(hf-client))."
     type: dict
   batch_bytes:
     description:
@@ -164,7 +166,11 @@ done:
   type: bool
   returned: always
 progress:
-  description: bytes_done, bytes_total, slice_bytes, slice_s, rate_bytes_per_s, eta_s of the directory.
+  description:
+    - bytes_done, bytes_total, slice_bytes, slice_s, rate_bytes_per_s, eta_s of the directory.
+    - For Hub sources also C(profile.hub_client), the client run's timeline in seconds from the slice start
+      (client spawned and imported, first and last file, verification, records) and the peak memory (max
+      RSS, MiB) of the client and of the module.
   type: dict
   returned: always
 fetched:
@@ -192,6 +198,13 @@ listing:
   description: The source's listing (revision and files), to pass back as O(listing).
   type: dict
   returned: always
+hf_client_held:
+  description:
+    - What the tools venv of O(hf_client) holds, for the role to compare with its own files - C(runner_sha1)
+      (sha1 of C(bws_hf_fetch.py)) and C(lock_sha1) (of C(hf-client.lock.installed), the lock pip installed
+      last), null where missing; empty when the venv has no Python.
+  type: dict
+  returned: when planning (O(plan_only) or check mode) an C(hf) source with O(hf_client)
 msg:
   description: What happened, or on failure what is wrong and what to do.
   type: str
@@ -203,6 +216,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bws_model import ModelStoreError, check_model_dir, human_bytes, statvfs_free
+from ansible.module_utils.bws_model_hub import client_held
 from ansible.module_utils.bws_model_transfer import ModelStore, make_source, progress_line
 
 
@@ -215,6 +229,10 @@ def summary(plan: dict, fetched: list[str]) -> str:
             f"{human_bytes(plan['needed_bytes'])} needed, {human_bytes(plan['free_bytes'])} free"
         )
     return f"{plan['dest']}: {plan['files_total']} files, {human_bytes(plan['bytes_total'])}"
+
+
+def hub_client(params: dict) -> bool:
+    return bool(params["hf_client"]) and params["source"].get("type") == "hf"
 
 
 def source_not_mounted(source: dict) -> bool:
@@ -247,8 +265,11 @@ def nothing_to_fetch(dest: str, **fields: object) -> dict:
 def would_mount(dest: str, source: dict) -> dict:
     """Check mode cannot list an NFS export that the role has not mounted (it mounts only for real)."""
     return nothing_to_fetch(
-        dest, complete=False, changed=True,
-        msg=f"would mount {source.get('export')} on {source.get('mount_point')} and fetch {dest} from it")
+        dest,
+        complete=False,
+        changed=True,
+        msg=f"would mount {source.get('export')} on {source.get('mount_point')} and fetch {dest} from it",
+    )
 
 
 def in_place(dest: str) -> dict:
@@ -257,8 +278,14 @@ def in_place(dest: str) -> dict:
     if not check["complete"]:
         raise ModelStoreError(check["msg"])
     return nothing_to_fetch(
-        dest, files_total=check["files_checked"], bytes_total=check["total_bytes"], complete=True,
-        in_place=True, changed=False, msg=f"{dest} is its own source (served in place): {check['msg']}")
+        dest,
+        files_total=check["files_checked"],
+        bytes_total=check["total_bytes"],
+        complete=True,
+        in_place=True,
+        changed=False,
+        msg=f"{dest} is its own source (served in place): {check['msg']}",
+    )
 
 
 def make_store(params: dict) -> ModelStore:
@@ -294,7 +321,8 @@ def run(module: AnsibleModule) -> dict:
         if plan["conflicts"]:
             raise ModelStoreError(store.conflict_message(store.dest, plan["conflicts"]))
         changed = changed and module.check_mode
-        return {**plan, "fetched": [], "changed": changed, "done": plan["complete"], "msg": summary(plan, [])}
+        held = {"hf_client_held": client_held(params["hf_client"]["venv"])} if hub_client(params) else {}
+        return {**plan, **held, "fetched": [], "changed": changed, "done": plan["complete"], "msg": summary(plan, [])}
     if plan["complete"]:
         return {**plan, "fetched": [], "changed": False, "done": True, "msg": summary(plan, [])}
     deadline = time.monotonic() + params["slice_s"] if params["slice_s"] > 0 else None

@@ -78,6 +78,7 @@ class Progress:
         self.started = time.monotonic()
         self.started_at = time.time()
         self.last_write = 0.0
+        self.profile: dict | None = None  # how the slice spent its time, where the transfer keeps one
 
     def snapshot(self) -> dict:
         elapsed = max(time.monotonic() - self.started, 1e-6)
@@ -93,6 +94,7 @@ class Progress:
             "rate_bytes_per_s": int(rate),
             "eta_s": int((self.total - done) / rate) if rate > 0 else None,
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **({"profile": self.profile} if self.profile else {}),
         }
 
     def update(self, moved: int, file: str | None = None, final: bool = False) -> None:
@@ -256,8 +258,9 @@ class HubSource(Source):
 
     client: dict = {"venv": "", "workers": 8, "xet": True, "verify": "read"}  # noqa: RUF012 (set per run)
 
-    def fetch_with_client(self, store: ModelStore, items: list[RemoteFile], revision: str | None,
-                          deadline: float | None) -> list[str]:
+    def fetch_with_client(
+        self, store: ModelStore, items: list[RemoteFile], revision: str | None, deadline: float | None
+    ) -> list[str]:
         if not revision:
             raise ModelStoreError(f"no commit is known for {self.spec['repo']}: list the source again")
         return HubClientRun(store, self, items, revision, deadline).run()

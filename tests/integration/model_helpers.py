@@ -111,8 +111,13 @@ def run_fetch_playbook(
     extra_vars: dict | None = None,
     wrap: list[str] | None = None,
     check: bool = False,
+    *,
+    tree: Path = REPO_ROOT,
 ) -> PlaybookRun:
-    """Run playbooks/fetch_models.yml on localhost with a temporary inventory holding profiles."""
+    """Run playbooks/fetch_models.yml on localhost with a temporary inventory holding profiles.
+
+    `tree`: the checkout whose playbook, roles and ansible.cfg run (another one for before/after benchmarks).
+    """
     inventory = workdir / "inventory.yml"
     # Every profile passes the one profile schema (roles/input_check), which also asks for the serving keys.
     serving = {"tensor_parallel_size": 1, "port": 30000}
@@ -135,7 +140,7 @@ def run_fetch_playbook(
     )
     env = {
         **os.environ,
-        "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+        "ANSIBLE_CONFIG": str(tree / "ansible.cfg"),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_LOCAL_TEMP": str(workdir / "ansible-tmp"),
     }
@@ -143,12 +148,12 @@ def run_fetch_playbook(
         "ansible-playbook",
         "-i",
         str(inventory),
-        str(PLAYBOOK),
+        str(tree / PLAYBOOK.relative_to(REPO_ROOT)),
         *(["--check", "--diff"] if check else []),
     ]
     result = subprocess.run(
         [*(wrap or []), *command],
-        cwd=REPO_ROOT,
+        cwd=tree,
         env=env,
         capture_output=True,
         text=True,

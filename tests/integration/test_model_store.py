@@ -98,8 +98,11 @@ def test_hub_and_mirror_fetch_is_complete_verified_and_idempotent():
             assert TOKEN not in first.output
             for dest in (work / "models" / "tiny", work / "models" / "draft"):
                 assert_manifest_is_sha256sum(dest)
-            # the Hub files came through the huggingface_hub client, whose state stays out of the manifest
+            # the Hub files came through the huggingface_hub client, whose state stays out of the manifest; each
+            # was verified from the digests of its bytes as the client wrote them (no second read)
             assert (work / "models" / "tiny" / ".cache" / "huggingface" / "download").is_dir()
+            profile = hub_profile(work / "models" / "tiny")
+            assert (profile["verified_in_stream"], profile["verified_by_read"]) == (6, 0)
             shard_mode = stat.S_IMODE((work / "models" / "tiny" / SHARD).stat().st_mode)
             assert shard_mode == 0o644
             requests = mirror.requests()
@@ -343,6 +346,11 @@ def test_model_check_names_the_missing_and_the_truncated_shard():
         assert shard.stat().st_size == full_size - 100  # the check changed nothing
 
 
+def hub_profile(dest: Path) -> dict:
+    """The Hub client run's timeline that the last slice left in progress.json."""
+    return json.loads((dest / ".model_store" / "progress.json").read_text())["profile"]["hub_client"]
+
+
 def load_transfer():
     for name in ("bws_model", "bws_model_parallel", "bws_model_hub"):
         load_module_util(name)
@@ -409,36 +417,97 @@ def test_hub_client_gated_repository_fails_naming_the_token_variable():
 
 
 def test_hub_client_interrupted_fetch_is_resumed():
+    chunk = load_module_util("bws_model_hub").CHUNK_BYTES
     with scratch() as work:
-        # one 12.2 MiB shard: the client writes in 10 MiB chunks and resumes after the last whole chunk
+        # one 12.2 MiB shard: the client writes in chunks of CHUNK_BYTES and resumes after the last whole chunk
         source = make_tiny_model(work / "hub" / "acme" / "tiny", shards=1, floats_per_tensor=1_600_000)
         shard = "model-00001-of-00001.safetensors"
         dest = work / "models" / "tiny"
         extra = hub_extra(model_store_hf_token=TOKEN)
         # every body longer than 100 KiB is cut: the client gives up on the shard, the small files are kept
         with mirror_double(
-            work / "hub", work / "cut.jsonl", "--token", TOKEN, "--redirect-host", "localhost",
-            "--cut-after", "102400", "--cut-count", "100",
+            work / "hub",
+            work / "cut.jsonl",
+            "--token",
+            TOKEN,
+            "--redirect-host",
+            "localhost",
+            "--cut-after",
+            "102400",
+            "--cut-count",
+            "100",
         ) as mirror:
             first = run_fetch_playbook(work, hf_profile("tiny", dest, "acme/tiny", mirror.url), extra)
         assert first.rc != 0
         assert f"{shard}: the huggingface_hub client failed" in first.output and "re-run to resume" in first.output
         assert not (dest / shard).exists()
         assert sorted(p.name for p in dest.iterdir() if p.is_file()) == [
-            "config.json", "model.safetensors.index.json", "tokenizer_config.json"
+            "config.json",
+            "model.safetensors.index.json",
+            "tokenizer_config.json",
         ]
 
-        # next run: only the shard is asked for; cut once after 11 MiB, the client resumes with a Range
+        # next run: only the shard is asked for; cut once after 11 MiB, the client resumes with a Range, and the
+        # digests of what it wrote before and after the cut verify the shard
         with mirror_double(
-            work / "hub", work / "resume.jsonl", "--token", TOKEN, "--redirect-host", "localhost",
-            "--cut-after", str(11 * 1024 * 1024), "--cut-count", "1",
+            work / "hub",
+            work / "resume.jsonl",
+            "--token",
+            TOKEN,
+            "--redirect-host",
+            "localhost",
+            "--cut-after",
+            str(11 * 1024 * 1024),
+            "--cut-count",
+            "1",
         ) as mirror:
             second = run_fetch_playbook(work, hf_profile("tiny", dest, "acme/tiny", mirror.url), extra)
             assert second.rc == 0, second.output
             files = [r for r in mirror.requests() if "/resolve/" in r["path"] or "/cdn/" in r["path"]]
         assert {r["path"].rsplit("/", 1)[1] for r in files} == {shard}
         gets = [r for r in files if r["method"] == "GET"]
-        assert [r["range"] for r in gets] == [None, "bytes=10485760-"] and not any(r["auth"] for r in gets)
+        kept = 11 * 1024 * 1024 // chunk * chunk
+        assert [r["range"] for r in gets] == [None, f"bytes={kept}-"] and not any(r["auth"] for r in gets)
         assert same_tree(source, dest)
         assert_manifest_is_sha256sum(dest)
+        assert (hub_profile(dest)["verified_in_stream"], hub_profile(dest)["verified_by_read"]) == (1, 0)
         assert (TOOLS_VENV / "hf-client.lock.installed").is_file()
+
+
+def client_venv(work: Path) -> Path:
+    """The role's tools venv (created by a first Hub fetch where missing) with this checkout's fetch program."""
+    if not (TOOLS_VENV / "bin" / "python").exists():
+        make_tiny_model(work / "first" / "acme" / "tiny", shards=1)
+        with mirror_double(work / "first", work / "first.jsonl") as mirror:
+            profiles = hf_profile("tiny", work / "first-models" / "tiny", "acme/tiny", mirror.url)
+            assert run_fetch_playbook(work, profiles, hub_extra()).rc == 0
+    venv = work / "tools-venv"
+    venv.mkdir()
+    for name in ("bin", "lib", "pyvenv.cfg"):
+        (venv / name).symlink_to(TOOLS_VENV / name)
+    (venv / "bws_hf_fetch.py").symlink_to(REPO_ROOT / "roles" / "model_store" / "files" / "bws_hf_fetch.py")
+    return venv
+
+
+def test_hub_client_file_that_differs_from_the_listing_is_set_aside():
+    error = load_module_util("bws_model").ModelStoreError
+    with scratch() as work:
+        make_tiny_model(work / "hub" / "acme" / "tiny", shards=1)
+        shard = "model-00001-of-00001.safetensors"
+        dest = work / "models" / "tiny"
+        client = {"venv": str(client_venv(work)), "workers": 2, "xet": False, "verify": "read"}
+        transfer = load_transfer()
+        with mirror_double(work / "hub", work / "requests.jsonl", "--redirect-host", "localhost") as mirror:
+            spec = {"type": "hf", "repo": "acme/tiny", "endpoint": mirror.url}
+            store = transfer.ModelStore(str(dest), transfer.make_source(spec, None, 5, client), retries=0)
+            plan = store.plan()
+            # the listing publishes another sha256 than the bytes the Hub serves
+            for entry in plan["to_fetch"] + plan["listing"]["files"]:
+                if entry["path"] == shard:
+                    entry["sha256"] = "0" * 64
+            message = rf"^{shard} downloaded with sha256 [0-9a-f]{{64}} but the source publishes 0{{64}}\. It was set"
+            with pytest.raises(error, match=message):
+                store.fetch(plan)
+        assert (dest / f"{shard}.part.rejected").is_file()
+        assert not (dest / shard).exists() and not (dest / ".model_store" / "manifest.json").exists()
+        assert (dest / "config.json").is_file()  # the files that agree with the listing are kept

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import struct
+import sys
+import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -471,3 +475,120 @@ def test_a_sha256_mismatch_names_the_file_and_leaves_nothing_that_looks_complete
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["f.safetensors.part.rejected"]
     assert parallel.kept_ranges(str(tmp_path), "f.safetensors", len(data)) == []
     assert recorded == {}
+
+
+# ---------------------------------------------------------------- Hub client: digests of the bytes as written
+
+hub = load_module_util("bws_model_hub")
+MIB = 1024 * 1024
+
+
+def load_runner():
+    """roles/model_store/files/bws_hf_fetch.py (it imports huggingface_hub only when it runs a job)."""
+    spec = importlib.util.spec_from_file_location("bws_hf_fetch", REPO_ROOT / "roles/model_store/files/bws_hf_fetch.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    return runner
+
+
+def fake_file_download(data: bytes, how: str) -> types.SimpleNamespace:
+    """huggingface_hub.file_download's http_get as far as the runner sees it: it writes the body into the file
+    it is given, calls itself (the module's name) to resume after a cut, and rewinds when a server ignores the
+    Range of the resume."""
+    module = types.SimpleNamespace()
+
+    def http_get(url, temp_file, *, resume_size=0, server_ignores_range=False):
+        if resume_size == 0 and how in ("resume", "rewind", "seek"):
+            temp_file.write(data[:MIB])
+            return module.http_get(url, temp_file, resume_size=MIB, server_ignores_range=how == "rewind")
+        if how == "seek":  # looks back into the file, then carries on at the end
+            temp_file.seek(10)
+            temp_file.seek(resume_size)
+        if server_ignores_range:
+            temp_file.seek(max(temp_file.tell() - resume_size, 0))
+            temp_file.truncate()
+            resume_size = 0
+        for start in range(resume_size, len(data), MIB):
+            temp_file.write(data[start : start + MIB])
+        return None
+
+    module.http_get = http_get
+    return module
+
+
+@pytest.mark.parametrize("how", ["whole", "resume", "rewind", "seek"])
+def test_the_runner_hashes_the_bytes_the_client_writes(tmp_path, how):
+    runner = load_runner()
+    data = os.urandom(3 * MIB + 17)
+    module = fake_file_download(data, how)
+    events, current = [], threading.local()
+    runner.hash_while_writing(module, current, events.append)
+    current.job = {"path": "f.bin", "file": None, "size": len(data), "want_git": True}
+    with open(tmp_path / "f.bin", "wb") as handle:
+        module.http_get("http://hub/f.bin", handle)
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert events == [{"body": "f.bin"}]
+    digests = current.job["file"].digests()
+    if how == "seek":  # the client wrote somewhere else than at the end: the module reads the file instead
+        assert digests == {}
+    else:
+        git = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+        assert digests == {"sha256": hashlib.sha256(data).hexdigest(), "git_oid": git}
+
+
+def test_the_runner_reports_no_digest_for_a_file_it_did_not_see_whole(tmp_path):
+    runner = load_runner()
+    with open(tmp_path / "f", "wb") as handle:
+        hashing = runner.HashingFile(handle, 10, want_git=False)
+        hashing.write(b"12345")
+    assert hashing.digests() == {}  # 5 of 10 bytes
+    with open(tmp_path / "g", "wb") as handle:
+        handle.write(b"kept")
+        assert runner.HashingFile(handle, 4, want_git=False).digests() == {}  # did not start at byte 0
+
+
+def test_streamed_digests_verify_a_hub_file_without_reading_it(tmp_path, monkeypatch):
+    data = b"\x07" * 1000
+    (tmp_path / "a.safetensors").write_bytes(data)
+    (tmp_path / "config.json").write_bytes(b"{}")
+    sha = hashlib.sha256(data).hexdigest()
+    lfs = bws_model.RemoteFile("a.safetensors", len(data), sha256=sha)
+    blob = hashlib.sha1(b"blob 2\0{}", usedforsecurity=False).hexdigest()
+    small = bws_model.RemoteFile("config.json", 2, git_oid=blob)
+    reads = []
+    original = bws_model.Digest.update_from_file
+    monkeypatch.setattr(bws_model.Digest, "update_from_file", lambda self, *a: reads.append(a) or original(self, *a))
+
+    assert hub.check_fetched(str(tmp_path), lfs, "read", {"sha256": sha}) == ("sha256", sha)
+    small_sha = hashlib.sha256(b"{}").hexdigest()
+    streamed = {"sha256": small_sha, "git_oid": blob}
+    assert hub.check_fetched(str(tmp_path), small, "read", streamed) == ("git-oid", small_sha)
+    assert reads == []
+    # a git blob id is published but the runner has none: the file is read
+    assert hub.check_fetched(str(tmp_path), small, "read", {"sha256": small_sha}) == ("git-oid", small_sha)
+    assert hub.check_fetched(str(tmp_path), lfs, "read", None) == ("sha256", sha)
+    assert len(reads) == 2
+    assert hub.check_fetched(str(tmp_path), lfs, "trust", None) == ("hf-client", sha)
+
+
+def test_a_streamed_sha256_mismatch_sets_the_hub_file_aside(tmp_path):
+    (tmp_path / "a.safetensors").write_bytes(b"\x07" * 1000)
+    item = bws_model.RemoteFile("a.safetensors", 1000, sha256="1" * 64)
+    with pytest.raises(ModelStoreError, match=r"^a.safetensors downloaded with sha256 0+ but the source publishes 1+"):
+        hub.check_fetched(str(tmp_path), item, "read", {"sha256": "0" * 64})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors.part.rejected"]
+
+
+def test_the_plan_says_which_fetch_program_and_lock_the_tools_venv_holds(tmp_path):
+    venv = tmp_path / "venv"
+    assert hub.client_held(str(venv)) == {}  # no Python: the role installs
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    assert hub.client_held(str(venv)) == {"runner_sha1": None, "lock_sha1": None}
+    runner = REPO_ROOT / "roles/model_store/files/bws_hf_fetch.py"
+    (venv / "bws_hf_fetch.py").write_bytes(runner.read_bytes())
+    (venv / "hf-client.lock.installed").write_bytes(b"huggingface_hub==2.4.0\n")
+    assert hub.client_held(str(venv)) == {
+        "runner_sha1": hashlib.sha1(runner.read_bytes(), usedforsecurity=False).hexdigest(),
+        "lock_sha1": hashlib.sha1(b"huggingface_hub==2.4.0\n", usedforsecurity=False).hexdigest(),
+    }
