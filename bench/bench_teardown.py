@@ -181,6 +181,13 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
+def repo_relative(path: Path | None) -> str:
+    """A path as the results keep it: inside the repository relative to it (no machine's absolute path)."""
+    if path is None:
+        return ""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
 def with_spread(value: float | None, bounds: list[float] | None) -> str:
     return f"{value} ({bounds[0]}-{bounds[1]})" if value is not None and bounds else "-"
 
@@ -299,7 +306,7 @@ def main() -> int:
         {
             "backend": be.name,
             "reps": args.reps,
-            "baseline_tree": str(args.baseline_tree or ""),
+            "baseline_tree": repo_relative(args.baseline_tree),
             "medians": table,
             "clean_task_profile": profile,
             "checks": checks,

@@ -25,5 +25,5 @@ ansible-playbook --version | head -1 | tee -a "$out/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_release_real_gpu.py 2>&1 | tee "$out/test_release_real_gpu.log"
 baseline=()
 [ -d .cache/before ] && baseline=(--baseline-tree .cache/before)
-python3 bench/bench_teardown.py --reps 7 "${baseline[@]}" --out "$out" 2>&1 | tee "$out/bench_teardown.log"
+python3 bench/bench_teardown.py --reps 9 "${baseline[@]}" --out "$out" 2>&1 | tee "$out/bench_teardown.log"
 cp tests/gpu/results/*.json "$out/" 2>/dev/null || true
