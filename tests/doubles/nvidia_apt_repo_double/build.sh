@@ -84,8 +84,12 @@ release_file() {  # release_file DIR FILES... (paths relative to DIR)
 }
 release_file "$N" Packages Packages.gz > "$N/Release"
 
-export GNUPGHOME=$BUILD/gnupg
-mkdir -p -m 0700 "$GNUPGHOME"
+# gpg-agent puts its sockets in GNUPGHOME when there is no /run/user/<uid>, and a Unix socket path holds at most 107
+# bytes: under a deep build directory (Molecule's, below a HOME longer than /root) the agent could not start. A short
+# directory of its own, removed on exit.
+GNUPGHOME=$(mktemp -d /tmp/bws-gnupg.XXXXXX)
+export GNUPGHOME
+trap 'gpgconf --kill all 2>/dev/null || true; rm -rf "$GNUPGHOME"' EXIT
 gpg --batch --quiet --passphrase '' --quick-gen-key 'NVIDIA apt repository test double <double@invalid>' ed25519 sign never
 FPR=$(gpg --batch --with-colons --list-keys | awk -F: '/^fpr:/ {print $10; exit}')
 gpg --batch --quiet --yes --armor --export "$FPR" > "$N/3bf863cc.pub"
