@@ -135,13 +135,17 @@ def start_engines(be) -> list[int]:
     return [pids["tp0"][0], pids["tp1"][0]]
 
 
+def measured(rows: list[dict], key: str) -> list[float]:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
 def median(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
+    values = measured(rows, key)
     return round(statistics.median(values), 3) if values else None
 
 
 def spread(rows: list[dict], key: str = "wall_s") -> list[float] | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
+    values = measured(rows, key)
     return [round(min(values), 3), round(max(values), 3)] if values else None
 
 
@@ -150,16 +154,16 @@ def task_profile(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     runs = [r["tasks"] for r in rows if r["scenario"] == "clean" and r["command"] == "teardown.yml"]
     names = {name for run in runs for name in run}
     profile = [{"task": n, "median_s": round(statistics.median(run.get(n, 0.0) for run in runs), 3)} for n in names]
-    return sorted(profile, key=lambda row: -row["median_s"])
+    return sorted(profile, key=lambda row: (-row["median_s"], row["task"]))  # ties in name order, not set order
 
 
 def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     table = []
+    one_task = [r for r in rows if r["command"] == ONE_TASK]  # run once per repetition, on the clean host
     for scenario in ("clean", "engines"):
         ours = [r for r in rows if r["scenario"] == scenario and r["command"] == "teardown.yml"]
         old = [r for r in rows if r["scenario"] == scenario and r["command"] == "one-liner"]
         before = [r for r in rows if r["scenario"] == scenario and r["command"] == BASELINE]
-        one_task = [r for r in rows if r["command"] == ONE_TASK]
         wall, old_wall = median(ours, "wall_s"), median(old, "wall_s")
         table.append(
             {
