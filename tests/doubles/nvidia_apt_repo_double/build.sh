@@ -95,7 +95,6 @@ FPR=$(gpg --batch --with-colons --list-keys | awk -F: '/^fpr:/ {print $10; exit}
 gpg --batch --quiet --yes --armor --export "$FPR" > "$N/3bf863cc.pub"
 gpg --batch --quiet --yes --local-user "$FPR" --clearsign -o "$N/InRelease" "$N/Release"
 gpg --batch --quiet --yes --local-user "$FPR" --detach-sign --armor -o "$N/Release.gpg" "$N/Release"
-gpgconf --kill all 2>/dev/null || true
 printf '%s\n' "$FPR" > "$OUT/fingerprint.txt"
 
 # Distribution archive double: kernel headers in main, an empty contrib.
