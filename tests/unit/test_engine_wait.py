@@ -307,7 +307,7 @@ def test_without_io_stat_the_processes_read_bytes_count_and_the_missing_source_i
     code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
                              interval_s=0.2, nvidia_smi="")
     assert code == 1 and result["stalled"] is True
-    assert took >= 2.5 + 1.5
+    assert took >= 2.3 + 1.5  # as above: the last write lands up to one step (0.1 s, plus the sleep's lateness) early
     sources = result["progress"]["sources"]
     assert result["progress"]["last_source"] == ["proc_io"]
     assert sources["proc_io"]["read"] and sources["proc_io"]["value"] == counters.bytes
