@@ -127,24 +127,33 @@ def sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host: EngineHost, r
     """An engine whose sampler hangs (FlashInfer's top-k/top-p sampler on SM120, vllm#43885): it starts, reports
     ready and answers the greedy smoke (greedy decoding skips the sampler); the sampled smoke blocks its scheduler for
     ever. The deploy fails on the sampled request and rolls back; the deadlock costs the smoke's timeout + 10 % at
-    most (/server_info, which a stuck SGLang scheduler blocks, is asked after the smoke).
+    most, measured by the request itself, and the whole step no more than that beside the greedy answer and Ansible's
+    own task overhead (/server_info, which a stuck SGLang scheduler blocks for verify_request_timeout_s, 120 s, is
+    asked after the smoke, so it is never waited for).
     Leaves: release 1 serving (a new process)."""
     before = host.state()["current"]
     run = deploy(host, runs, f"deploy_{engine}.yml", verify_smoke_timeout_s=SAMPLER_HANG_SMOKE_TIMEOUT_S,
                  **{f"{engine}_extra_environment": {"SCRIPTED_ENGINE_FAULT": "sampler-hang"}})
     assert run.status == "failed", run.stdout[-4000:]
     flat = " ".join(run.stdout.split())
-    assert re.search(rf"did not generate within {SAMPLER_HANG_SMOKE_TIMEOUT_S} s: {engine} at \S+ reported ready, yet "
-                     r"the sampled \(temperature 0\.6, top_p 0\.95\) smoke completion", flat), flat[-3000:]
-    assert "or in the sampler: the greedy request was answered" in flat, flat[-3000:]
+    stuck = re.search(rf"did not generate within {SAMPLER_HANG_SMOKE_TIMEOUT_S} s: {engine} at \S+ reported ready, yet "
+                      r"the sampled \(temperature 0\.6, top_p 0\.95\) smoke completion \(\d+ tokens at most\) got no "
+                      r"reply \(Request failed: timed out, after ([\d.]+) s\)", flat)
+    assert stuck, flat[-3000:]
+    greedy = re.search(r"or in the sampler: the greedy request was answered in ([\d.]+) s", flat)
+    assert greedy, flat[-3000:]
     assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
     assert host.state()["current"] == before and host.health() == 200
+    waited, answered = float(stuck.group(1)), float(greedy.group(1))
+    assert SAMPLER_HANG_SMOKE_TIMEOUT_S <= waited <= 1.1 * SAMPLER_HANG_SMOKE_TIMEOUT_S, waited
     asked, _ = task_times(run, "Ask the endpoint for its models, server info and the smoke answer")
     _, failed = task_times(run, "Check the engine generated within the smoke timeout")
     cost = (failed - asked).total_seconds()
-    assert SAMPLER_HANG_SMOKE_TIMEOUT_S <= cost <= 1.1 * SAMPLER_HANG_SMOKE_TIMEOUT_S, cost
-    print(f"{engine} sampler hang after ready: failed {cost:.1f} s after the smoke was asked "
-          f"(smoke timeout {SAMPLER_HANG_SMOKE_TIMEOUT_S} s)")
+    # Ansible's share: starting the request module, the models request and two tasks, 2-6 s on a loaded 2-core machine.
+    assert waited + answered <= cost <= waited + answered + 15, (cost, waited, answered)
+    print(f"{engine} sampler hang after ready: the sampled request gave up after {waited:.1f} s (smoke timeout "
+          f"{SAMPLER_HANG_SMOKE_TIMEOUT_S} s), the step failed {cost:.1f} s after the smoke was asked "
+          f"(greedy answer {answered:.1f} s)")
 
 
 def teardown_stops_the_engine(host: EngineHost, runs: list, engine: str) -> None:

@@ -44,8 +44,10 @@ def test_a_reply_without_completion_tokens_is_not_an_answer() -> None:
 def test_an_error_or_a_timeout_is_not_an_answer_and_a_timeout_is_named() -> None:
     refused = smoke_answer.smoke_answer({"status": 500, "msg": "HTTP Error 500", "json": {"detail": "x"}}, 579, "vllm")
     assert refused["answered"] is False and refused["timed_out"] is False and refused["finish_reason"] == ""
-    stuck = smoke_answer.smoke_answer({"status": -1, "msg": "timed out after 40 s"}, 579, "sglang")
+    stuck = smoke_answer.smoke_answer({"status": -1, "msg": "Request failed: timed out", "elapsed_s": 40.012}, 579,
+                                      "sglang")
     assert stuck["timed_out"] is True and stuck["answered"] is False and stuck["completion_tokens"] is None
+    assert stuck["elapsed_s"] == 40.012 and refused["elapsed_s"] is None
 
 
 def test_a_request_never_sent_is_neither_answered_nor_timed_out() -> None:

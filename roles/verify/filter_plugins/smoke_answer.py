@@ -55,6 +55,7 @@ def smoke_answer(reply: dict[str, Any], expected: Any, engine: str) -> dict[str,
         "found": found,
         "completion_tokens": completion_tokens,
         "finish_reason": _text(choice.get("finish_reason")),
+        "elapsed_s": reply.get("elapsed_s") if isinstance(reply.get("elapsed_s"), (int, float)) else None,
     }
 
 
