@@ -74,9 +74,12 @@ def deploy(host: EngineHost, runs: list, playbook: str, **extravars):
 def interrupted_deploy(host: EngineHost, playbook: str, extravars: dict, interrupt_when,
                        interrupt: Callable[[], object] | None = None) -> None:
     """Run a deploy and, once interrupt_when() holds, call interrupt() (a power cut, say) and kill its controller
-    (SIGKILL, as a lost terminal or CI runner). The controller starts a session of its own and the kill goes to
-    that session's process group only, so it reaches nothing this test did not start. (Not a private PID namespace:
-    podman judges whether a container's conmon lives by its host PID, which a PID namespace would hide.)"""
+    (SIGKILL, as a lost terminal or CI runner). The controller is frozen (SIGSTOP) before interrupt(): a controller
+    left running through a fast test-host restart would reach the rebooted host and act on it (its rescue rolling
+    back, say), which a real power cut's minutes-long boot never lets it do. The controller starts a session of its
+    own and both signals go to that session's process group only, so they reach nothing this test did not start.
+    (Not a private PID namespace: podman judges whether a container's conmon lives by its host PID, which a PID
+    namespace would hide.)"""
     command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(host.inventory),
                str(REPO / playbook), "-e", json.dumps(extravars)]
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
@@ -89,6 +92,7 @@ def interrupted_deploy(host: EngineHost, playbook: str, extravars: dict, interru
             assert time.monotonic() < deadline, "the deploy never reached the point to interrupt"
             time.sleep(0.3)
         if interrupt is not None:
+            os.killpg(controller.pid, signal.SIGSTOP)
             interrupt()
     finally:
         if controller.poll() is None:

@@ -86,10 +86,17 @@ def tree_digest(host: EngineHost, path: str) -> str:
                    "find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum")
 
 
-def wait_for(condition, what: str, timeout_s: float = 120) -> None:
+def boot_story(host: EngineHost) -> str:
+    """What the engine unit did since the boot, for a failure message."""
+    return host.sh("systemctl status --no-pager sglang.service; journalctl -b --no-pager -n 40 -u sglang.service"
+                   " -u nvidia-gpu-nodes.service; cat /var/lib/llm-serving/state.json", check=False)
+
+
+def wait_for(condition, what: str, timeout_s: float = 120, host: EngineHost | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s\n{boot_story(host) if host else ''}")
         time.sleep(0.5)
 
 
@@ -148,7 +155,7 @@ def test_a_power_cut_during_the_venv_build_leaves_no_venv_to_start_and_the_rerun
     finally:
         host.sh(f"mv {UV}-real {UV}", check=False)
     # After the boot: the release that served before starts from the unit in /etc, on its own venv.
-    wait_for(lambda: host.health() == 200, "the last release that served answers after the boot")
+    wait_for(lambda: host.health() == 200, "the last release that served answers after the boot", host=host)
     assert f"{served['venv_a']}/bin/sglang serve --config" in running_command(host)
     assert host.state()["current"] == served["release_a"]
     # Only complete venvs have a name a unit could run: what the build left is a build directory.
@@ -180,7 +187,7 @@ def test_a_power_cut_before_the_gate_boots_the_last_release_that_served(host, ru
                 and host.sh(f"test -e {TRIAL_UNIT} && systemctl is-active sglang.service", check=False) == "active")
 
     power_cut_during(host, hang, on_trial)
-    wait_for(lambda: host.health() == 200, "the last release that served answers after the boot")
+    wait_for(lambda: host.health() == 200, "the last release that served answers after the boot", host=host)
     command = running_command(host)
     assert f"/var/lib/llm-serving/releases/{served['release_c']}/config.yaml" in command, command
     assert f"{served['venv_c']}/bin/sglang serve" in command
