@@ -74,10 +74,11 @@ version_added: "0.1.0"
 author: blackwell-llm-serving authors
 options:
   units:
-    description: systemd units whose cgroup members are targets (stop them before calling this module).
+    description: systemd units whose cgroup members are targets (stop them before calling this module, or set
+      O(stop_units)); the engines' units by default.
     type: list
     elements: str
-    default: []
+    default: [sglang.service, vllm.service]
   patterns:
     description: Engine patterns (see the description for the matching rules).
     type: list
@@ -104,7 +105,7 @@ options:
   timeout_s:
     description: Seconds after SIGTERM after which targets still alive or listed on a GPU fail the module.
     type: float
-    default: 30
+    default: 60
   settle_s:
     description: After all targets exited, seconds to wait for compute apps whose PID is not visible here
       (another PID namespace) to disappear from nvidia-smi; those left are reported, not failed on.

@@ -174,3 +174,32 @@ def record_stopped(serving: dict[str, Any], write: bool) -> dict[str, Any]:
     if changed and write:
         write_text_atomically(serving["path"], after)
     return {"changed": changed, "path": serving["path"], "before": serving["text"] or "", "after": after}
+
+
+def record_teardown(result: dict[str, Any], serving: dict[str, Any], write: bool, failed: bool) -> None:
+    """gpu_release with O(state_dir): state.json records the current release as stopped (written unless
+    `write` is false), and gpu_release's `result` gets the release, its diff and a summary line naming it."""
+    record = record_stopped(serving, write=write)
+    release = serving["release"]
+    result["release"] = {
+        **{k: release.get(k) for k in ("id", "engine", "profile", "unit")},
+        "state_before": serving["state"] if serving["text"] is not None else None,
+        "state_changed": record["changed"],
+    }
+    if record["changed"] and not failed and not result["report_only"]:  # written, or would be in check mode
+        result["changed"] = True
+        result["diff"] = {
+            "before": record["before"],
+            "after": record["after"],
+            "before_header": record["path"],
+            "after_header": record["path"],
+        }
+    if release.get("id") is not None:
+        verb = "would be" if result["check_mode"] else "is"
+        named = f"release {release['id']} ({release.get('engine')}, profile {release.get('profile')})"
+        if failed:
+            result["summary"].append(f"{named}: state.json left as it was ({serving['state']['status']})")
+        else:
+            result["summary"].append(f"{named} {verb} recorded as stopped; a deploy starts it again")
+    else:
+        result["summary"].append("no release recorded on this host")

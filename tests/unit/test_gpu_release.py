@@ -19,6 +19,11 @@ sys.path.insert(0, str(REPO / "library"))
 
 import gpu_release as gpu_release_module  # noqa: E402  (library/: argument handling and output)
 from ansible.module_utils import bws_gpu_release as gpu_release  # noqa: E402  (the logic)
+from ansible.module_utils import bws_gpu_release_gpus as release_gpus  # noqa: E402
+from ansible.module_utils import bws_gpu_release_scope as release_scope  # noqa: E402
+from ansible.module_utils import bws_gpu_release_shm as release_shm  # noqa: E402
+from ansible.module_utils import bws_gpu_release_signals as release_signals  # noqa: E402
+from ansible.module_utils import bws_gpu_release_units as release_units  # noqa: E402
 from ansible.module_utils import bws_procfs as pf  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
 
@@ -189,9 +194,9 @@ def test_device_files_tell_compute_from_monitor():
     compute = proc(5, 1, ["x"], fds=["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/null"])
     monitor = proc(6, 1, ["y"], fds=["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"])
     other = proc(7, 1, ["z"], fds=["/dev/null"])
-    assert gpu_release.device_files(compute, "/dev") == ({3}, True, True)
-    assert gpu_release.device_files(monitor, "/dev") == ({0, 1}, False, True)
-    assert gpu_release.device_files(other, "/dev") == (set(), False, False)
+    assert release_gpus.device_files(compute, "/dev") == ({3}, True, True)
+    assert release_gpus.device_files(monitor, "/dev") == ({0, 1}, False, True)
+    assert release_gpus.device_files(other, "/dev") == (set(), False, False)
 
 
 class FakeModule:
@@ -208,7 +213,7 @@ def selection_params(**over):
 
 
 def scope_of(params, procs, pidns="pid:[1]"):
-    scope = gpu_release.Scope(params, procs)
+    scope = release_scope.Scope(params, procs)
     scope.pidns, scope.roots = pidns, {"": "/"}
     return scope
 
@@ -228,7 +233,7 @@ def test_selection_spares_self_ancestors_and_protected(monkeypatch):
         400: proc(400, 1, ["my-monitor"], comm="my-monitor"),
     }
     params = selection_params(units=["sglang.service"], extra_protected=["my-*"], service_users=["0"])
-    targets, spared, foreign = gpu_release.select(params, FakeModule(), procs, scope_of(params, procs))
+    targets, spared, foreign = release_scope.select(params, FakeModule(), procs, scope_of(params, procs))
     assert foreign == {}
     assert set(targets) == {100, 101, 102, 200}
     assert targets[102] == "descendant of 101"
@@ -255,7 +260,7 @@ def test_scope_default_takes_service_users_outside_sessions_and_containers_and_n
         70: proc(70, 1, ["python3", "train.py"], uid=nobody, cgroups=["/system.slice/sglang.service"]),
     }
     params = selection_params(units=["sglang.service"], service_users=["daemon"])
-    targets, _, foreign = gpu_release.select(params, FakeModule(), procs, scope_of(params, procs))
+    targets, _, foreign = release_scope.select(params, FakeModule(), procs, scope_of(params, procs))
     assert set(targets) == {10, 11, 70}
     assert targets[11] == "descendant of 10" and "member of sglang.service" in targets[70]
     reasons = {pid: f["reason"] for pid, f in foreign.items()}
@@ -267,7 +272,7 @@ def test_scope_default_takes_service_users_outside_sessions_and_containers_and_n
     assert "in a container or pod cgroup (/system.slice/docker-1.scope)" in reasons[60]
 
     host = selection_params(units=["sglang.service"], service_users=["daemon"], scope="host")
-    targets, _, foreign = gpu_release.select(host, FakeModule(), procs, scope_of(host, procs))
+    targets, _, foreign = release_scope.select(host, FakeModule(), procs, scope_of(host, procs))
     assert set(targets) == {10, 11, 20, 30, 40, 70}
     assert set(foreign) == {50, 60}
 
@@ -277,7 +282,7 @@ def make_params(tmp_path, **over):
 
 
 def owners(*names):
-    return gpu_release.resolve_users(list(names))
+    return release_scope.resolve_users(list(names))
 
 
 def test_shm_removes_only_stale_engine_entries(tmp_path):
@@ -289,11 +294,11 @@ def test_shm_removes_only_stale_engine_entries(tmp_path):
         8: proc(8, 1, ["deleted"], fds=[str(tmp_path / "nccl-gone") + " (deleted)"]),
     }
     real_maps = pf.read_mapped_paths
-    gpu_release.read_mapped_paths = lambda pid: {str(tmp_path / "psm_mapped")} if pid == 8 else real_maps(pid)
+    release_shm.read_mapped_paths = lambda pid: {str(tmp_path / "psm_mapped")} if pid == 8 else real_maps(pid)
     try:
-        result = gpu_release.clean_shm(make_params(tmp_path), procs, False, set(), owners(str(os.geteuid())))
+        result = release_shm.clean_shm(make_params(tmp_path), procs, False, set(), owners(str(os.geteuid())))
     finally:
-        gpu_release.read_mapped_paths = real_maps
+        release_shm.read_mapped_paths = real_maps
     removed = sorted(os.path.basename(p) for p in result["removed"])
     assert removed == ["nccl-AbC123", "psm_1f2e", "sem.mp-xyz", "torch_1_2_3"]
     kept = {os.path.basename(k["path"]): k["reason"] for k in result["kept"]}
@@ -311,7 +316,7 @@ def test_shm_owner_and_check_mode(tmp_path):
     os.chown(tmp_path / "psm_b", 4321, 4321) if os.geteuid() == 0 else None
     procs = {9: proc(9, 1, ["sglang::x"], fds=[str(tmp_path / "psm_a")])}
     me = str(os.geteuid())
-    result = gpu_release.clean_shm(make_params(tmp_path), procs, True, {9}, owners(me))
+    result = release_shm.clean_shm(make_params(tmp_path), procs, True, {9}, owners(me))
     assert result["removed"] == []
     assert result["would_remove"] == [str(tmp_path / "psm_a")]  # held only by a target that would be gone
     if os.geteuid() == 0:
@@ -322,9 +327,9 @@ def test_shm_owner_and_check_mode(tmp_path):
 def test_shm_owners_default_to_the_service_users_and_unknown_users_own_nothing():
     params = selection_params(service_users=["daemon", "no-such-user-xyz"])
     scope = scope_of(params, {})
-    assert gpu_release.shm_owners(params, scope).uids == {1}
+    assert release_shm.shm_owners(params, scope).uids == {1}
     assert scope.users.absent == ["no-such-user-xyz"]
-    assert gpu_release.shm_owners({**params, "shm_owner": ["nobody"]}, scope).uids == {65534}
+    assert release_shm.shm_owners({**params, "shm_owner": ["nobody"]}, scope).uids == {65534}
 
 
 def test_gpu_table_maps_device_minor_not_index():
@@ -332,9 +337,9 @@ def test_gpu_table_maps_device_minor_not_index():
 
     gpus = nv.gpus_from_csv((RTX8 / "query-gpu-busy.csv").read_text())
     nv.attach_minors(gpus, nv.read_driver_gpus(str(RTX8 / "proc-driver-nvidia")))
-    table = gpu_release.gpu_table(gpus, {}, "/dev", [])
+    table = release_gpus.gpu_table(gpus, {}, "/dev", [])
     assert table[0]["index"] == 2 and table[2]["index"] == 0 and table[7]["index"] == 5
-    only = gpu_release.gpu_table(gpus, {}, "/dev", ["3", "GPU-5a1c0b0e-7d2f-4c1a-9b3e-00c4d5e6f7a8"])
+    only = release_gpus.gpu_table(gpus, {}, "/dev", ["3", "GPU-5a1c0b0e-7d2f-4c1a-9b3e-00c4d5e6f7a8"])
     assert sorted(e["index"] for e in only.values()) == [0, 3]
 
 
@@ -437,7 +442,7 @@ def test_main_rejects_timeout_shorter_than_grace(tmp_path, capsys):
 def test_main_fails_naming_pid_command_and_gpu_when_a_target_outlives_the_timeout(tmp_path, capsys, monkeypatch):
     # Signals are swallowed (send() is replaced), so the target stays: the module must say who and where.
     sent = []
-    monkeypatch.setattr(gpu_release, "send", lambda proc, sig: sent.append((proc.pid, sig)) or True)
+    monkeypatch.setattr(release_signals, "send", lambda proc, sig: sent.append((proc.pid, sig)) or True)
     args = {**sim(tmp_path), "grace_s": 0.1, "timeout_s": 0.4, "settle_s": 0.1, "service_users": [str(os.geteuid())]}
     (tmp_path / "shm").mkdir()
     dev = tmp_path / "dev"
@@ -510,7 +515,7 @@ class SystemctlDouble:
 
 
 def test_stop_units_stops_disables_and_says_a_stop_ended_in_sigkill(monkeypatch):
-    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
+    monkeypatch.setattr(release_units, "systemd_runs_here", lambda: "/bin/systemctl")
     loaded = {"LoadState": "loaded", "SubState": "running", "ControlGroup": "/system.slice/sglang.service"}
     double = SystemctlDouble(
         {
@@ -518,16 +523,16 @@ def test_stop_units_stops_disables_and_says_a_stop_ended_in_sigkill(monkeypatch)
             "vllm.service": {"LoadState": "not-found", "ActiveState": "inactive", "UnitFileState": "", "Result": ""},
         }
     )
-    units = gpu_release.stop_units(double, ["sglang.service", "vllm.service"], check_mode=False)
+    units = release_units.stop_units(double, ["sglang.service", "vllm.service"], check_mode=False)
     assert [c[0] for c in double.calls] == ["show", "stop", "disable", "show", "reset-failed"]
     assert units["stopped"] == ["sglang.service"] and units["reset_failed"] == ["sglang.service"]
-    lines = gpu_release.unit_lines(units, check_mode=False)
+    lines = release_units.unit_lines(units, check_mode=False)
     assert lines == [
         "unit sglang.service: failed, disabled, last result timeout (the stop ran into TimeoutStopSec and ended"
         " in SIGKILL); failed state cleared",
         "unit vllm.service: not installed",
     ]
-    again = gpu_release.stop_units(double, ["sglang.service", "vllm.service"], check_mode=False)
+    again = release_units.stop_units(double, ["sglang.service", "vllm.service"], check_mode=False)
     assert again["stopped"] == [] and again["disabled"] == []  # a clean host: one show, nothing else
 
 
@@ -541,24 +546,24 @@ def serving_sglang() -> SystemctlDouble:
 
 def test_a_switch_stops_without_disabling_and_an_enabled_unit_is_then_no_problem(monkeypatch):
     """A deploy's switch (disable_units false): the unit the host boots into stays enabled until the gate passed."""
-    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
+    monkeypatch.setattr(release_units, "systemd_runs_here", lambda: "/bin/systemctl")
     double = serving_sglang()
-    units = gpu_release.stop_units(double, ["sglang.service"], check_mode=False, disable=False)
+    units = release_units.stop_units(double, ["sglang.service"], check_mode=False, disable=False)
     assert "disable" not in [c[0] for c in double.calls]
     assert units["units"]["sglang.service"]["UnitFileState"] == "enabled" and units["disabled"] == []
-    assert gpu_release.units_left(units, {}, {}) == []
-    disabled = gpu_release.stop_units(double, ["sglang.service"], check_mode=False)
+    assert release_units.units_left(units, {}, {}) == []
+    disabled = release_units.stop_units(double, ["sglang.service"], check_mode=False)
     assert disabled["disabled"] == ["sglang.service"]
     double.states["sglang.service"]["UnitFileState"] = "enabled"
-    assert gpu_release.units_left({**units, "disable": True}, {}, {}) == ["sglang.service still enabled"]
+    assert release_units.units_left({**units, "disable": True}, {}, {}) == ["sglang.service still enabled"]
 
 
 def test_stop_units_in_check_mode_only_reads(monkeypatch):
-    monkeypatch.setattr(gpu_release, "systemd_runs_here", lambda: "/bin/systemctl")
+    monkeypatch.setattr(release_units, "systemd_runs_here", lambda: "/bin/systemctl")
     double = serving_sglang()
-    units = gpu_release.stop_units(double, ["sglang.service"], check_mode=True)
+    units = release_units.stop_units(double, ["sglang.service"], check_mode=True)
     assert [c[0] for c in double.calls] == ["show"]
-    assert gpu_release.unit_lines(units, check_mode=True)[-1] == "check mode: would stop/disable sglang.service"
+    assert release_units.unit_lines(units, check_mode=True)[-1] == "check mode: would stop/disable sglang.service"
 
 
 # ---------------------------------------------------------------- wedged GPUs, nvidia-smi timeouts
@@ -584,8 +589,8 @@ def test_a_busy_gpu_with_no_process_is_wedged_and_fails_the_preflight_check(tmp_
 
 def test_an_idle_host_is_read_once(tmp_path, capsys, monkeypatch):
     calls = []
-    real = gpu_release.Gpu.query_both
-    monkeypatch.setattr(gpu_release.Gpu, "query_both", lambda self: calls.append(1) or real(self))
+    real = release_gpus.Gpu.query_both
+    monkeypatch.setattr(release_gpus.Gpu, "query_both", lambda self: calls.append(1) or real(self))
     rc, out = run_main({**sim(tmp_path), "report_only": True, "clean_shm": False}, capsys, check=False)
     assert rc == 0 and out["wedged"] == [] and len(calls) == 1
 
@@ -734,7 +739,7 @@ def test_a_compute_apps_peer_device_files_do_not_make_it_a_holder_of_those_gpus(
     job = proc(70, 1, ["python3", "train.py"],
                fds=["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1"])
     table = {m: {"index": m, "uuid": f"GPU-{m}", "bus_id": None, "minor": m, "holders": []} for m in (0, 1)}
-    foreign = gpu_release.classify_holders(procs={70: job}, table=table, app_mem={70: {0: 4096}}, targets={},
+    foreign = release_gpus.classify_holders(procs={70: job}, table=table, app_mem={70: {0: 4096}}, targets={},
                                            spared=[], dev_dir="/dev", protected=[], apps_authoritative=True,
                                            foreign_by_pid={})
     assert [f["gpus"] for f in foreign] == [[0]]
@@ -742,6 +747,6 @@ def test_a_compute_apps_peer_device_files_do_not_make_it_a_holder_of_those_gpus(
     assert [(h["pid"], h["role"], h["compute"]) for h in table[1]["holders"]] == [(70, "peer", False)]
     # Without nvidia-smi's list (another PID namespace, no driver) every open device file still counts as held.
     table = {m: {"index": m, "uuid": f"GPU-{m}", "bus_id": None, "minor": m, "holders": []} for m in (0, 1)}
-    foreign = gpu_release.classify_holders(procs={70: job}, table=table, app_mem={}, targets={}, spared=[],
+    foreign = release_gpus.classify_holders(procs={70: job}, table=table, app_mem={}, targets={}, spared=[],
                                            dev_dir="/dev", protected=[], apps_authoritative=False, foreign_by_pid={})
     assert [f["gpus"] for f in foreign] == [[0, 1]]

@@ -141,3 +141,14 @@ def test_one_unknown_variable_mechanism():
 def test_no_module_over_450_lines():
     long = {p.name: n for p in (REPO / "library").glob("*.py") if (n := len(p.read_text().splitlines())) > 450}
     assert long == {}, f"move the logic to module_utils: {long}"
+
+
+def test_gpu_release_logic_is_split_by_concern_and_does_not_write_the_release_state():
+    files = sorted((REPO / "module_utils").glob("bws_gpu_release*.py"))
+    concerns = {p.stem.removeprefix("bws_gpu_release").lstrip("_") or "orchestration" for p in files}
+    assert concerns == {"orchestration", "scope", "units", "signals", "shm", "gpus", "report"}, concerns
+    long = {p.name: n for p in files if (n := len(p.read_text().splitlines())) > 350}
+    assert long == {}, f"split by concern, at most 350 lines a file: {long}"
+    writers = [p.name for p in files if any(w in line for line in code_lines(p)
+                                            for w in ("write_text_atomically", "os.replace", "record_stopped("))]
+    assert writers == [], f"state.json is written by module_utils/bws_release_state.py only: {writers}"
