@@ -81,6 +81,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bws_systemd import unit_properties
 
 
 def exec_start_argv(unit_text: str) -> list[str]:
@@ -140,13 +141,12 @@ def post_abort_all(url: str, api_key: str | None, timeout_s: float = 10.0) -> st
 def unit_file(unit: str, unit_dir: str | None) -> str:
     if unit_dir:
         return os.path.join(unit_dir, unit)
-    shown = subprocess.run(["systemctl", "show", "--property=FragmentPath", "--value", unit],
-                           capture_output=True, text=True, check=False)
-    return shown.stdout.strip() or os.path.join("/etc/systemd/system", unit)
+    return unit_properties(unit, ("FragmentPath",)).get("FragmentPath") or os.path.join("/etc/systemd/system", unit)
 
 
 def is_active(unit: str) -> bool:
-    return subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
+    """As `systemctl is-active`: the unit is active or reloading."""
+    return unit_properties(unit, ("ActiveState",)).get("ActiveState") in ("active", "reloading")
 
 
 def main() -> None:

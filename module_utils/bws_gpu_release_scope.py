@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import pwd
-import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from ansible.module_utils.bws_procfs import (
     read_link,
     unit_cgroup_pids,
 )
+from ansible.module_utils.bws_systemd import SystemdError, show_units
 
 
 def names_of(proc: Proc) -> set[str]:
@@ -152,14 +152,13 @@ def _read_text(path: str) -> str:
 
 
 def control_group(module: AnsibleModule, unit: str, known: dict[str, Any]) -> str:
-    """The unit's ControlGroup, from the unit states read already (O(stop_units)) or from systemctl."""
+    """The unit's ControlGroup, from the unit states read already (O(stop_units)) or from systemd."""
     if unit in known:
         return known[unit].get("ControlGroup", "")
-    systemctl = shutil.which("systemctl")
-    if not systemctl:
+    try:
+        return show_units([unit], ("ControlGroup",), run=module.run_command).get(unit, {}).get("ControlGroup", "")
+    except SystemdError:
         return ""
-    rc, out, _ = module.run_command([systemctl, "show", "--property=ControlGroup", "--value", unit])
-    return out.strip() if rc == 0 else ""
 
 
 def unit_members(

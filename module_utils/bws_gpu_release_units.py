@@ -9,7 +9,8 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bws_procfs import Proc, in_system_unit
-from ansible.module_utils.bws_systemd import ENABLED_STATES, UNIT_PROPERTIES, parse_show, systemctl_here
+from ansible.module_utils.bws_systemd import ENABLED_STATES, UNIT_PROPERTIES, SystemdError, systemctl_here
+from ansible.module_utils.bws_systemd import show_units as read_units
 
 
 class ReleaseError(Exception):
@@ -21,11 +22,11 @@ systemd_runs_here = systemctl_here
 
 
 def show_units(module: AnsibleModule, systemctl: str, units: list[str]) -> dict[str, dict[str, str]]:
-    """``systemctl show`` of all units in one call: one KEY=VALUE block per unit."""
-    rc, out, err = module.run_command([systemctl, "show", f"--property={','.join(UNIT_PROPERTIES)}", *units])
-    if rc != 0:
-        raise ReleaseError(f"systemctl show {' '.join(units)} failed (rc={rc}): {err.strip()}")
-    return {state["Id"]: state for state in parse_show(out) if state.get("Id")}
+    """The units' state (bws_systemd.show_units: one ``systemctl show`` for all), through the module's runner."""
+    try:
+        return read_units(units, UNIT_PROPERTIES, systemctl=systemctl, run=module.run_command)
+    except SystemdError as exc:
+        raise ReleaseError(str(exc)) from exc
 
 
 def systemctl_do(module: AnsibleModule, systemctl: str, verb: str, units: list[str]) -> None:

@@ -6,6 +6,10 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
+
+# Runs an argv and returns (rc, stdout, stderr), as AnsibleModule.run_command does.
+Runner = Callable[[list[str]], tuple[int, str, str]]
 
 _UNIT_IN_CGROUP = re.compile(r"/([^/]+\.service)(?:/|$)")
 
@@ -26,35 +30,13 @@ def unit_of_pid(pid: int, proc_root: str = "/proc") -> str | None:
     return None
 
 
-def systemd_available() -> bool:
-    return shutil.which("systemctl") is not None and _pid1_is_systemd()
-
-
-def _pid1_is_systemd() -> bool:
-    try:
-        with open("/proc/1/comm", encoding="utf-8") as handle:
-            return handle.read().strip() == "systemd"
-    except OSError:
-        return False
-
-
 def unit_properties(unit: str, names: tuple[str, ...], timeout: float | None = None) -> dict[str, str]:
-    """`systemctl show` the given properties of a unit; an empty dict when systemd is not there (or, with
-    `timeout`, does not answer in time)."""
-    if not systemd_available():
-        return {}
+    """The given properties of one unit (show_units); an empty dict where systemd does not run here, or does not
+    answer (in time)."""
     try:
-        result = subprocess.run(
-            ["systemctl", "show", unit, "--property", ",".join(names)],
-            capture_output=True, text=True, check=False, timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
+        return show_units([unit], names, timeout=timeout or 30).get(unit, {})
+    except SystemdError:
         return {}
-    properties = {}
-    for line in result.stdout.splitlines():
-        key, _, value = line.partition("=")
-        properties[key] = value
-    return properties
 
 
 def journal_tail(unit: str, lines: int, timeout: float | None = None) -> list[str]:
@@ -86,21 +68,30 @@ def systemctl_here() -> str | None:
 
 
 def show_units(units: list[str], properties: tuple[str, ...] = UNIT_PROPERTIES, timeout: float = 30,
-               systemctl: str | None = None) -> dict[str, dict[str, str]]:
+               systemctl: str | None = None, run: Runner | None = None) -> dict[str, dict[str, str]]:
     """`systemctl show` of every unit in one call, by unit name (an unknown unit has LoadState=not-found);
-    {} where systemd does not run."""
+    {} where systemd does not run. The project's one reader of unit state: every module reads units through it.
+    `run` runs the command (a module passes its run_command); by default a subprocess bounded by `timeout`."""
     systemctl = systemctl or systemctl_here()
     if systemctl is None or not units:
         return {}
     wanted = tuple(dict.fromkeys(("Id", *properties)))
-    try:
-        result = subprocess.run([systemctl, "show", f"--property={','.join(wanted)}", *units],
-                                capture_output=True, text=True, check=False, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise SystemdError(f"systemctl show {' '.join(units)} did not answer within {timeout:g} s") from exc
-    if result.returncode != 0:
-        raise SystemdError(f"systemctl show {' '.join(units)} failed (rc={result.returncode}): {result.stderr.strip()}")
-    return dict(zip(units, parse_show(result.stdout), strict=False))
+    argv = [systemctl, "show", f"--property={','.join(wanted)}", *units]
+    rc, out, err = (run or _subprocess_runner(timeout))(argv)
+    if rc != 0:
+        raise SystemdError(f"systemctl show {' '.join(units)} failed (rc={rc}): {err.strip()}")
+    return dict(zip(units, parse_show(out), strict=False))
+
+
+def _subprocess_runner(timeout: float) -> Runner:
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise SystemdError(f"{' '.join(argv[:2])} did not answer within {timeout:g} s") from exc
+        return result.returncode, result.stdout, result.stderr
+
+    return run
 
 
 def parse_show(text: str) -> list[dict[str, str]]:

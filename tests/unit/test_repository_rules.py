@@ -152,3 +152,12 @@ def test_gpu_release_logic_is_split_by_concern_and_does_not_write_the_release_st
     writers = [p.name for p in files if any(w in line for line in code_lines(p)
                                             for w in ("write_text_atomically", "os.replace", "record_stopped("))]
     assert writers == [], f"state.json is written by module_utils/bws_release_state.py only: {writers}"
+
+
+def test_one_systemd_unit_reader():
+    """Unit state is read by module_utils/bws_systemd.py only (show_units, and unit_properties over it)."""
+    reader = REPO / "module_utils" / "bws_systemd.py"
+    pattern = re.compile(r"""["']show["']|systemctl show|is-active""")
+    offenders = [str(p.relative_to(REPO)) for p in SHIPPED_PYTHON
+                 if p != reader and any(pattern.search(line) for line in code_lines(p))]
+    assert offenders == [], f"read units with bws_systemd.show_units: {offenders}"
