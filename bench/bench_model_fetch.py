@@ -82,7 +82,7 @@ def make_model(root: Path, gib: float, shards: int) -> int:
     (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (root / "config.json").write_text(json.dumps({"architectures": ["BenchForCausalLM"]}))
     subprocess.run(
-        [sys.executable, str(REPO_ROOT / "module_utils" / "bws_model.py"), "write-manifest", str(root)],
+        [sys.executable, str(REPO_ROOT / "plugins" / "module_utils" / "bws_model.py"), "write-manifest", str(root)],
         check=True,
         capture_output=True,
     )

@@ -18,7 +18,7 @@ out=${1:?usage: bench/gpu_host_run.sh OUT_DIR}
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/bws-site .whl/*.whl
 export PYTHONPATH=/tmp/bws-site PATH=/tmp/bws-site/bin:$PATH
-export ANSIBLE_COLLECTIONS_PATH=${ANSIBLE_COLLECTIONS_PATH:-$PWD/.cache/collections}
+export ANSIBLE_COLLECTIONS_PATH=$PWD/collections:${ANSIBLE_COLLECTIONS_PATH:-$PWD/.cache/collections}  # collections/: this checkout as blackwell.serving
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 ansible-playbook --version | head -1 | tee -a "$out/gpu.txt"
 

@@ -8,7 +8,7 @@
 set -uo pipefail
 if [ "${BWS_IN_PIDNS:-}" != 1 ]; then BWS_IN_PIDNS=1 exec unshare --pid --fork --mount-proc bash "$0" "$@"; fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/bws-site .whl/*.whl
-export PYTHONPATH=/tmp/bws-site PATH=/tmp/bws-site/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/.cache/collections
+export PYTHONPATH=/tmp/bws-site PATH=/tmp/bws-site/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/collections:$PWD/.cache/collections
 py=$(command -v python3)
 for i in 1 2 3; do /usr/bin/time -f "python3 -c pass %e" $py -c pass; /usr/bin/time -f "python3 -S -c pass %e" $py -S -c pass; /usr/bin/time -f "python3 -I -c pass %e" $py -I -c pass; done
 $py -c "import sys; print(sys.version); print(len(sys.path), sys.path)"

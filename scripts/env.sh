@@ -14,7 +14,8 @@ SANDBOX_IMAGE=${BWS_SANDBOX_IMAGE:-localhost/bws-debian-systemd:bookworm}
 export REPO_ROOT CACHE_DIR VENV_DIR COLLECTIONS_DIR SANDBOX_IMAGE
 # Our podman settings live in a file we own; a user's /etc/containers is never rewritten.
 export CONTAINERS_CONF=$CONTAINERS_CONF_FILE
-export ANSIBLE_COLLECTIONS_PATH=$COLLECTIONS_DIR
+# collections/ holds this checkout as the collection blackwell.serving, beside the pinned ones.
+export ANSIBLE_COLLECTIONS_PATH=$REPO_ROOT/collections:$COLLECTIONS_DIR
 export ANSIBLE_CONFIG=$REPO_ROOT/ansible.cfg
 case ":$PATH:" in
   *":$VENV_DIR/bin:"*) ;;

@@ -80,8 +80,8 @@ run_stage() {
 module_docs() {  # one ansible-doc run for every module (it names each one it cannot document, and exits 1)
   local -a modules=()
   local module
-  for module in library/*.py; do modules+=("$(basename "$module" .py)"); done
-  ansible-doc -M library "${modules[@]}" >/dev/null || { echo "ansible-doc failed (the module named above)"; return 1; }
+  for module in plugins/modules/*.py; do modules+=("$(basename "$module" .py)"); done
+  ansible-doc "${modules[@]/#/blackwell.serving.}" >/dev/null || { echo "ansible-doc failed (the module named above)"; return 1; }
   echo "ansible-doc ok: ${#modules[@]} modules"
   # roles: their argument specs (defaults included) render, as users read them
   ansible-doc -t role -r roles $(ls roles) >/dev/null || { echo "ansible-doc -t role failed"; return 1; }
@@ -89,7 +89,11 @@ module_docs() {  # one ansible-doc run for every module (it names each one it ca
 }
 
 ee_create() {  # the execution environment's build context (building it needs a registry: not here)
+  rm -rf artifacts/collection
+  ansible-galaxy collection build --force --output-path artifacts/collection >/dev/null
   ansible-builder create -f execution-environment.yml -c "$RESULTS/ee-context" >/dev/null
+  ls "$RESULTS"/ee-context/_build/collection/blackwell-serving-*.tar.gz >/dev/null \
+    || { echo "the collection's tarball is not in the build context"; return 1; }
   [ -s "$RESULTS/ee-context/Containerfile" ] || { echo "ansible-builder create wrote no Containerfile"; return 1; }
   echo "execution environment context ok: $(grep -c '^FROM' "$RESULTS/ee-context/Containerfile") build stages"
 }

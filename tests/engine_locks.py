@@ -133,7 +133,7 @@ def lock_problems(lock: dict[str, Any], path: Path) -> list[str]:
     elif not {"workloads", "options", "switches"} <= set(bench) or \
             not {"sharegpt", "random"} <= set(bench["workloads"] or {}):
         problems.append(f"{path.name}: bench needs 'workloads' (sharegpt and random), 'options' and 'switches' "
-                        "(roles/verify/filter_plugins/bench_argv.py builds the client's flags from them)")
+                        "(plugins/filter/bench_argv.py builds the client's flags from them)")
     elif set(bench.get("endpoints") or {}) != set(bench["workloads"]):
         problems.append(f"{path.name}: bench needs 'endpoints', the route each workload's requests go to "
                         "(part of verify's baseline key)")

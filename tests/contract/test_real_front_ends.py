@@ -120,7 +120,7 @@ def test_streamed_chat_ends_with_usage_then_done(engine: RealFrontEnd) -> None:
 
 
 def test_metrics_have_the_counters_verify_reads(engine: RealFrontEnd) -> None:
-    """verify's acceptance and throughput come from these names (module_utils/bws_metrics.py): the real ones."""
+    """verify's acceptance and throughput come from these names (plugins/module_utils/bws_metrics.py): the real ones."""
     def counters() -> dict[str, float]:
         status, body = engine.request("/metrics", key=API_KEY)
         assert status == 200
@@ -513,10 +513,10 @@ def test_vllm_worker_hang_at_start_logs_the_shared_memory_warning_and_never_serv
         front_end.stop()
 
 
-# --- SGLang's drain on SIGTERM and its abort: what engine_drain (library/engine_drain.py) relies on -------------------
+# --- SGLang's drain on SIGTERM and its abort: what engine_drain (plugins/modules/engine_drain.py) relies on ------
 def _observe_drain_and_abort(base_url: str, process, served_name: str, admin_key: str) -> dict:
     """A long stream in flight, SIGTERM to the main process, /health, then POST /abort_request abort_all with the
-    admin key (library/engine_drain.py sends the config's admin-api-key)."""
+    admin key (plugins/modules/engine_drain.py sends the config's admin-api-key)."""
     import threading
     import urllib.request
 

@@ -47,11 +47,11 @@ from torch_shm_helpers import (
 from tests.module_utils_loader import use_repository_module_utils
 
 use_repository_module_utils()
-sys.path.insert(0, str(REPO / "library"))
+sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import gpu_release  # noqa: E402
-from ansible.module_utils.bws_procfs import first_matching_pattern  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import first_matching_pattern  # noqa: E402
 
 pytestmark = pytest.mark.contract
 

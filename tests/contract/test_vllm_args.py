@@ -26,7 +26,7 @@ pytestmark = pytest.mark.contract
 
 MODELS_FILE = REPO_ROOT / "inventory" / "production" / "group_vars" / "all" / "models.yml"
 ROLE_DEFAULTS = REPO_ROOT / "roles" / "vllm" / "defaults" / "main.yml"
-FLAG_FILTER = REPO_ROOT / "roles" / "vllm" / "filter_plugins" / "vllm_flags.py"
+FLAG_FILTER = REPO_ROOT / "plugins" / "filter" / "vllm_flags.py"
 
 EAGLE3 = json.dumps({"method": "eagle3", "model": "/srv/models/drafter", "num_speculative_tokens": 3})
 GOOD = ["serve", "/srv/models/kimi", "--tensor-parallel-size", "8", "--trust-remote-code",

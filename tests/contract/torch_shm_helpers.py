@@ -365,7 +365,7 @@ def run_teardown(work: Path, extravars: dict[str, Any], python: str = sys.execut
     )  # fmt: skip
     wall = round(time.monotonic() - t0, 3)
     rows = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.exists() else []
-    release = next((r["res"] for r in rows if r["action"] in ("gpu_release", "ansible.legacy.gpu_release")), None)
+    release = next((r["res"] for r in rows if r["action"] in ("blackwell.serving.gpu_release", "gpu_release")), None)
     summary = next((r["res"].get("msg") for r in rows if r["task"].endswith("Teardown | summary")), None)
     return {
         "rc": proc.returncode,

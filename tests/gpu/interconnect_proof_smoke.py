@@ -10,7 +10,7 @@ multi-GPU host: pass ``--world-size N`` there (N GPUs visible).
     python3 tests/gpu/interconnect_proof_smoke.py [--python /path/to/python-with-cuda-torch] [--world-size N]
         [--engine sglang|vllm|none] [--custom-all-reduce] [--out tests/gpu/results] [--name interconnect_proof_smoke]
 
-It copies the script and module_utils/bws_pcie.py into a temporary directory (as a deploy ships them), runs the
+It copies the script and plugins/module_utils/bws_pcie.py into a temporary directory (as a deploy ships them), runs the
 proof inside a private PID namespace when it can (``unshare --pid --fork --mount-proc``, root), so the proof's
 kill of stuck ranks can only reach its own processes, and writes ``<name>.json`` (default
 ``interconnect_proof_smoke.json``).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "engine_service" / "files" / "interconnect_proof.py"
-PCIE = REPO / "module_utils" / "bws_pcie.py"
+PCIE = REPO / "plugins" / "module_utils" / "bws_pcie.py"
 
 
 def main() -> int:

@@ -78,7 +78,8 @@ def verify_passes_with_the_real_parsers(host: EngineHost, runs: list, engine: st
     routes, _, source = smoke["unauthenticated_routes"].partition(" POST routes refused without the key: ")
     assert int(routes) >= 10 and source.startswith("the route table (/openapi.json)"), smoke
     assert report["gate"]["passed"] is True, report["gate"]
-    # Acceptance from the engine's own /metrics counters over the benchmark window (module_utils/bws_metrics.py).
+    # Acceptance from the engine's own /metrics counters over the benchmark window
+    # (plugins/module_utils/bws_metrics.py).
     acceptance = report["levels"][0]["acceptance"]
     assert acceptance["problem"] is None and 0 < acceptance["rate"] < 1, acceptance
 
@@ -179,7 +180,8 @@ def secret_forms(secret: str) -> dict[str, str]:
 
 
 def host_made_secrets(host: EngineHost, engine: str) -> dict[str, str]:
-    """The secrets the host made itself: SGLang's admin key (library/host_secret.py: 32 bytes kept root 0600, used as
+    """The secrets the host made itself: SGLang's admin key (plugins/modules/host_secret.py: 32 bytes kept root 0600,
+    used as
     their URL-safe base64 without padding)."""
     if engine != "sglang":
         return {}

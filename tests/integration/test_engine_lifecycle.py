@@ -99,7 +99,7 @@ def test_deploy_sglang_serves(host, runs):
     config = host.sh(f"cat /var/lib/llm-serving/releases/{state['current']}/config.yaml")
     assert "NOT checked by SGLang's parser: sglang_argcheck was false" in config
     assert "checked it with the installed SGLang's own parser" not in config
-    # SGLang's admin key, made by the host (library/host_secret.py), and the plugin that keeps it out of
+    # SGLang's admin key, made by the host (plugins/modules/host_secret.py), and the plugin that keeps it out of
     # /server_info, found by SGLang through its dist-info directory in the release.
     assert host.sh("stat -c '%U %a %s' /var/lib/llm-serving/sglang-admin-api-key") == "root 600 32"
     assert re.search(r'^admin-api-key: "[A-Za-z0-9_-]{43}"$', config, re.M), config
@@ -144,7 +144,7 @@ def _profiles_with(name: str, **changes) -> dict:
 
 
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
-# Each is refused by the input check (action_plugins/input_check.py) that every play runs first. Every
+# Each is refused by the input check (plugins/action/input_check.py) that every play runs first. Every
 # root-level playbook refuses the same inputs on localhost in tests/integration/test_input_check_playbooks.py.
 INJECTED_NAME = "x\n[Service]\nExecStartPre=+/bin/touch /tmp/pwned"
 REFUSED_INPUTS = {

@@ -36,7 +36,8 @@ SHARD = "model-00002-of-00003.safetensors"
 
 def write_mirror_manifest(model_dir: Path) -> None:
     subprocess.run(
-        [sys.executable, str(REPO_ROOT / "module_utils" / "bws_model.py"), "write-manifest", str(model_dir)],
+        [sys.executable, str(REPO_ROOT / "plugins" / "module_utils" / "bws_model.py"), "write-manifest",
+         str(model_dir)],
         check=True,
         capture_output=True,
     )
@@ -297,7 +298,7 @@ def run_model_check(work: Path, path: Path) -> dict:
             "-e",
             f"ansible_python_interpreter={sys.executable}",
             "-m",
-            "model_check",
+            "blackwell.serving.model_check",
             "-a",
             f"path={path} require_index=true fail_on_incomplete=true",
         ],

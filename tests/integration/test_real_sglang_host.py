@@ -47,7 +47,8 @@ def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs)
 
 def test_the_controller_keeps_no_secret(host, runs):
     """SGLang's benchmark client saves /server_info in its result: the release's plugin blanks the keys there, and
-    verify keeps only the numbers it uses (library/bench_result.py), so the report folders and runner artifacts hold
+    verify keeps only the numbers it uses (plugins/modules/bench_result.py), so the report folders and runner artifacts
+    hold
     no form of the API key or of the admin key the host made; nor of the other secrets set for the CI run of verify
     (scenario.SECRETS)."""
     assert scenario.secret_forms_the_controller_keeps(host, runs, ENGINE) == []

@@ -485,7 +485,7 @@ def test_bench_client_double_writes_the_real_clients_keys(run):
                  "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "spec_decode_acceptance_rate",
                  "spec_decode_acceptance_length", "spec_decode_num_drafts", "spec_decode_accepted_tokens"}
     # inputs.json keeps the names of every field the client wrote, and the values of the allow-listed ones only
-    # (library/bench_result.py): SGLang's real client saves /server_info, API key included.
+    # (plugins/modules/bench_result.py): SGLang's real client saves /server_info, API key included.
     for level in sglang["bench"]["levels"]:
         assert sglang_keys <= set(level["result_fields"]), sglang_keys - set(level["result_fields"])
         assert set(level["result"]) < set(level["result_fields"])
@@ -504,7 +504,8 @@ def _adhoc_engine_metrics(url: str) -> dict:
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     result = subprocess.run(
         [str(program) if program.exists() else "ansible", "localhost", "-c", "local", "-i", "localhost,",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "engine_metrics", "-a", f"url={url}", "-o"],
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "blackwell.serving.engine_metrics",
+         "-a", f"url={url}", "-o"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert "=>" in result.stdout, result.stdout + result.stderr
     return json.loads(result.stdout.split("=>", 1)[1])

@@ -22,7 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_DOUBLE = REPO / "tests" / "doubles" / "engine_double.py"
 BENCH_DOUBLE = REPO / "tests" / "doubles" / "bench_client_double.py"
-sys.path.insert(0, str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
 
 import bws_metrics  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-TOP_DIRS = ("scripts", "roles", "tests", "bench", "playbooks", "inventory", "library", "module_utils", "action_plugins",
+TOP_DIRS = ("scripts", "roles", "tests", "bench", "playbooks", "inventory", "plugins", "collections",
             "docs", "molecule", "requirements", ".ci")
 PATH = re.compile(r"`((?:" + "|".join(re.escape(d) for d in TOP_DIRS) + r")/[^`\s]*)`")
 USERS_OWN = ("inventory/mine",)  # the README has the user make it: cp -r inventory/production inventory/mine

@@ -1,7 +1,8 @@
 """What the deploy adds around the engines so that the API key stays secret and guards every route:
 SGLang's logging filter (roles/sglang/files/bws_sglang_logging.py), vLLM's middleware (roles/vllm/files/
-bws_vllm_auth.py), verify's no-key route probe (roles/verify/filter_plugins/route_probes.py) and the benchmark
-result allow-list (library/bench_result.py). The real front ends run them in tests/contract/test_real_front_ends.py."""
+bws_vllm_auth.py), verify's no-key route probe (plugins/filter/route_probes.py) and the benchmark
+result allow-list (plugins/modules/bench_result.py). The real front ends run them in
+tests/contract/test_real_front_ends.py."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def load(path: Path) -> ModuleType:
 
 sglang_logging = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_logging.py")
 vllm_auth = load(REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py")
-route_probes = load(REPO / "roles" / "verify" / "filter_plugins" / "route_probes.py")
+route_probes = load(REPO / "plugins" / "filter" / "route_probes.py")
 bench_result = load_library_module("bench_result")
 
 

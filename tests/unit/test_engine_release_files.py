@@ -1,4 +1,4 @@
-"""library/engine_release.py: the release's file names, one directory level below the release at most."""
+"""plugins/modules/engine_release.py: the release's file names, one directory level below the release at most."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""library/engine_wait.py against real local HTTP servers: bounds kept whatever the endpoint does, stalls caught.
+"""plugins/modules/engine_wait.py against real local HTTP servers: bounds kept whatever the endpoint does, stalls
+caught.
 
 The endpoints are real sockets (a /health that never answers, one that answers 503 slowly as SGLang does
 when its generation is stuck). systemd is not running here, so the unit's state and journal are given by
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
-sys.path.insert(0, str(REPO / "library"))
+sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import engine_wait  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
@@ -215,7 +216,7 @@ def test_the_journal_tail_comes_back_with_the_key_masked_in_every_form(endpoint,
 # The module reads the unit's cgroup files, /proc/<pid>/io and nvidia-smi; here a cgroup tree and a procfs under
 # tmp_path stand in for the host's, written by a thread as an engine's kernel counters would grow, and a script
 # speaks nvidia-smi's compute-apps CSV. The journal says only that the engine still waits (vLLM's warning).
-from ansible.module_utils import bws_progress  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils import bws_progress  # noqa: E402
 
 CONTROL_GROUP = "/system.slice/vllm.service"
 ENGINE_PID, FOREIGN_PID = 4242, 777

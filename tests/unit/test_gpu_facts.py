@@ -1,4 +1,4 @@
-"""gpu_facts and module_utils/bws_nvidia on recorded (H200) and constructed (8-GPU) nvidia-smi output."""
+"""gpu_facts and plugins/module_utils/bws_nvidia on recorded (H200) and constructed (8-GPU) nvidia-smi output."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ REPO = Path(__file__).resolve().parents[2]
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
-sys.path.insert(0, str(REPO / "library"))
+sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import gpu_facts  # noqa: E402
-from ansible.module_utils import bws_nvidia as nv  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils import bws_nvidia as nv  # noqa: E402
 
 FIX = REPO / "tests" / "fixtures" / "nvidia-smi"
 H200 = FIX / "h200-3procs"

@@ -1,4 +1,5 @@
-"""library/host_secret.py: a secret the host makes once (SGLang's admin key) and keeps where only root reads it."""
+"""plugins/modules/host_secret.py: a secret the host makes once (SGLang's admin key) and keeps where only root reads
+it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one input check (action_plugins/input_check.py) against the repository's real argument specs and profiles.
+"""The one input check (plugins/action/input_check.py) against the repository's real argument specs and profiles.
 
 The playbook-level proof that it runs before any task on the host is tests/integration/test_input_check_playbooks.py;
 the MainPID proof on a serving host is in tests/integration/test_engine_lifecycle.py.
@@ -22,7 +22,7 @@ ROLES = REPO / "roles"
 def _load_plugin():
     name = "bws_input_check_plugin"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "action_plugins" / "input_check.py")
+        spec = importlib.util.spec_from_file_location(name, REPO / "plugins" / "action" / "input_check.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)

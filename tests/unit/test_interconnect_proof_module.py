@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
-sys.path.insert(0, str(REPO / "library"))
-sys.path.insert(0, str(REPO / "roles" / "engine_service" / "filter_plugins"))
+sys.path.insert(0, str(REPO / "plugins" / "modules"))
+sys.path.insert(0, str(REPO / "plugins" / "filter"))
 
 import importlib.util  # noqa: E402
 

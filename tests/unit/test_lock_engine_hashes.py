@@ -77,10 +77,10 @@ def test_rewrite_refuses_what_it_cannot_hash(tmp_path: Path, monkeypatch: pytest
         hashes_script.rewrite(lock)
 
 
-# --- the role side: roles/python_env/filter_plugins/python_env.py -----------------------------------------------------
+# --- the role side: plugins/filter/python_env.py -----------------------------------------------------
 
 _fspec = importlib.util.spec_from_file_location(
-    "python_env_filters", SCRIPT.parents[1] / "roles" / "python_env" / "filter_plugins" / "python_env.py")
+    "python_env_filters", SCRIPT.parents[1] / "plugins" / "filter" / "python_env.py")
 assert _fspec and _fspec.loader
 python_env_filters = importlib.util.module_from_spec(_fspec)
 _fspec.loader.exec_module(python_env_filters)

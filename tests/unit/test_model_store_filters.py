@@ -1,4 +1,4 @@
-"""model_store_entries (roles/model_store/filter_plugins/model_store.py) against the Jinja loop it replaced in
+"""model_store_entries (plugins/filter/model_store.py) against the Jinja loop it replaced in
 roles/model_store/tasks/main.yml, rendered by Ansible's own templar on the same profiles."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ansible.template import Templar, trust_as_template
 
 REPO = Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("model_store_filters",
-                                               REPO / "roles/model_store/filter_plugins/model_store.py")
+                                               REPO / "plugins/filter/model_store.py")
 filters = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(filters)
 

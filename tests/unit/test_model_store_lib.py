@@ -1,4 +1,4 @@
-"""Unit tests of the model store's parsing, planning and verification (module_utils/bws_model*.py)."""
+"""Unit tests of the model store's parsing, planning and verification (plugins/module_utils/bws_model*.py)."""
 
 from __future__ import annotations
 

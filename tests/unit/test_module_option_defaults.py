@@ -20,7 +20,7 @@ from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 use_repository_module_utils()
 from ansible.module_utils import basic  # noqa: E402
 
-MODULES = sorted(p.stem for p in (REPO / "library").glob("*.py"))
+MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py"))
 FIELDS = ("type", "default", "choices", "elements", "required")
 # (role variable, module.option): the role's value differs on purpose; the module's default keeps a direct call
 # conservative (off, or nothing allowed).
@@ -38,7 +38,7 @@ class _SpecGivenError(Exception):
 
 
 def load_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"bws_library_{name}", REPO / "library" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bws_library_{name}", REPO / "plugins" / "modules" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -71,7 +71,7 @@ def normalised(option: dict[str, Any], field: str) -> Any:
 
 @pytest.mark.parametrize("name", MODULES)
 def test_documentation_and_argument_spec_agree(name: str, monkeypatch) -> None:
-    sys.path.insert(0, str(REPO / "library"))
+    sys.path.insert(0, str(REPO / "plugins" / "modules"))
     spec, doc = argument_spec(name, monkeypatch), documented_options(name)
     assert sorted(spec) == sorted(doc), f"{name}: options only in the spec or only in DOCUMENTATION"
     differ = [(option, field, normalised(doc[option], field), normalised(spec[option], field))

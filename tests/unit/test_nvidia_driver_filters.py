@@ -1,4 +1,4 @@
-"""The nvidia_driver role's parsers (roles/nvidia_driver/filter_plugins/nvidia_driver.py), each against the Jinja
+"""The nvidia_driver role's parsers (plugins/filter/nvidia_driver.py), each against the Jinja
 expression it replaced in roles/nvidia_driver/tasks/, rendered by Ansible's own templar on the same inputs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ansible.template import Templar, trust_as_template
 
 REPO = Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("nvidia_driver_filters",
-                                               REPO / "roles/nvidia_driver/filter_plugins/nvidia_driver.py")
+                                               REPO / "plugins/filter/nvidia_driver.py")
 filters = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(filters)
 

@@ -1,4 +1,5 @@
-"""module_utils/bws_patch_runner.py, the patch-set verification runner, run the way bws_patchset runs it: its source
+"""plugins/module_utils/bws_patch_runner.py, the patch-set verification runner, run the way bws_patchset runs it: its
+source
 given to an interpreter with ``-c``, a spec file in, a JSON report out."""
 
 from __future__ import annotations

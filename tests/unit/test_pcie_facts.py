@@ -1,4 +1,4 @@
-"""module_utils/bws_pcie and the pcie_facts module on constructed lspci -vvv and iommu_groups fixtures.
+"""plugins/module_utils/bws_pcie and the pcie_facts module on constructed lspci -vvv and iommu_groups fixtures.
 
 The harmful ACS bits are ReqRedir+ / CmpltRedir+ in ACSCtl; SrcValid+ (and what ACSCap merely offers) is
 harmless and must not be reported.
@@ -16,11 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
-sys.path.insert(0, str(REPO / "library"))
+sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import pcie_facts  # noqa: E402
-from ansible.module_utils import bws_pcie  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils import bws_pcie  # noqa: E402
 
 FIX = REPO / "tests" / "fixtures" / "pcie"
 SWITCH = FIX / "lspci-vvv-switch-redirect-constructed.txt"

@@ -1,4 +1,4 @@
-"""library/python_patch.py and module_utils/bws_patchset.py on a small synthetic engine in a temp venv.
+"""plugins/modules/python_patch.py and plugins/module_utils/bws_patchset.py on a small synthetic engine in a temp venv.
 
 The "engine" is a package installed in a throw-away venv (no pip, created with this interpreter), so
 version discovery, compiling, importing and asserting all run in a real separate interpreter.
@@ -23,8 +23,8 @@ from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
 
-from ansible.module_utils import bws_patchset as bp  # noqa: E402
-from ansible.module_utils.bws_unidiff import render  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils import bws_patchset as bp  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.bws_unidiff import render  # noqa: E402
 
 CONFIG_BEFORE = '''"""Engine config."""
 
@@ -331,8 +331,8 @@ def _ansible(engine: Engine, args: dict, *extra: str) -> dict:
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}
     ansible = Path(sysconfig.get_path("scripts")) / "ansible"
-    command = [str(ansible), "localhost", "-i", "localhost,", "-c", "local", "-M", str(REPO / "library"),
-               "-e", f"ansible_python_interpreter={sys.executable}", "-m", "python_patch",
+    command = [str(ansible), "localhost", "-i", "localhost,", "-c", "local",
+               "-e", f"ansible_python_interpreter={sys.executable}", "-m", "blackwell.serving.python_patch",
                "-a", json.dumps(args), *extra]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     start = proc.stdout.find("{")
@@ -358,13 +358,13 @@ def test_module_through_ansible_check_diff_then_apply(engine: Engine):
 
 
 def _run_module_file(tmp_path: Path, module_args: dict) -> tuple[int, dict]:
-    """Run library/python_patch.py directly, as Ansible does, with our module_utils in ansible.module_utils."""
+    """Run plugins/modules/python_patch.py directly, as Ansible does, with the collection importable."""
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": module_args}))
-    runner = ("import runpy, sys, ansible.module_utils as m; m.__path__.append(sys.argv[2]); "
+    runner = ("import runpy, sys; sys.path.insert(0, sys.argv[2]); "
               "sys.argv = [sys.argv[1], sys.argv[3]]; runpy.run_path(sys.argv[0], run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", runner, str(REPO / "library/python_patch.py"),
-                           str(REPO / "module_utils"), str(args_file)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", runner, str(REPO / "plugins/modules/python_patch.py"),
+                           str(REPO / "collections"), str(args_file)], capture_output=True, text=True,
                           check=False)
     return proc.returncode, json.loads(proc.stdout)
 

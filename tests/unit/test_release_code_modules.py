@@ -1,5 +1,5 @@
-"""library/durable_file.py (what a host boots from, written so a power cut leaves the old or the new file) and
-library/engine_envs_prune.py (an engine's venvs that no kept release names go; nothing else does)."""
+"""plugins/modules/durable_file.py (what a host boots from, written so a power cut leaves the old or the new file) and
+plugins/modules/engine_envs_prune.py (an engine's venvs that no kept release names go; nothing else does)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""library/release_id.py: release ids keyed by a salt only root on the host can read."""
+"""plugins/modules/release_id.py: release ids keyed by a salt only root on the host can read."""
 
 from __future__ import annotations
 

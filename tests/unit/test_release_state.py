@@ -1,4 +1,4 @@
-"""state.json transitions (roles/engine_service/filter_plugins/release_state.py): what a switch, a rollback, an
+"""state.json transitions (plugins/filter/release_state.py): what a switch, a rollback, an
 interrupted deploy and a teardown leave behind, and which release directories are pruned."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location(
-    "release_state", REPO / "roles/engine_service/filter_plugins/release_state.py")
+    "release_state", REPO / "plugins/filter/release_state.py")
 rs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rs)
 

@@ -60,13 +60,13 @@ def _tasks(node):
                 yield from _tasks(node[key])
 
 
-def test_every_task_uses_a_fully_qualified_or_local_module_name():
-    local_modules = {p.stem for p in (REPO / "library").glob("*.py")}
+def test_every_task_uses_a_fully_qualified_module_name():
     bad = []
     for path in [p for p in SHIPPED_YAML if "/tasks/" in str(p) or "/playbooks/" in str(p)]:
         for task in _tasks(yaml.safe_load(path.read_text())):
-            actions = [k for k in task if "." in k and k.split(".")[0] in ("ansible", "containers", "community")]
-            if not actions and not any(k in local_modules for k in task):
+            actions = [k for k in task if ("." in k and k.split(".")[0] in ("ansible", "containers", "community"))
+                       or k.startswith("blackwell.serving.")]
+            if not actions:
                 bad.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert bad == []
 
@@ -75,13 +75,11 @@ def test_every_task_uses_a_fully_qualified_or_local_module_name():
 
 ALL_YAML = [p for pattern in ("roles/**/*.yml", "playbooks/*.yml", "*.yml", "inventory/**/*.yml", "molecule/**/*.yml")
             for p in REPO.glob(pattern) if ".git" not in p.parts]
-SHIPPED_PYTHON = [*REPO.glob("library/*.py"), *REPO.glob("module_utils/*.py"), *REPO.glob("action_plugins/*.py"),
-                  *REPO.glob("roles/*/action_plugins/*.py"), *REPO.glob("roles/*/filter_plugins/*.py"),
-                  *REPO.glob("roles/*/files/*.py")]
-NVIDIA_SMI_SITE = REPO / "module_utils" / "bws_nvidia.py"
+SHIPPED_PYTHON = [*REPO.glob("plugins/*/*.py"), *REPO.glob("roles/*/files/*.py")]
+NVIDIA_SMI_SITE = REPO / "plugins" / "module_utils" / "bws_nvidia.py"
 # Runs on the host as the engine unit's user under systemd-run, outside Ansible, with only bws_pcie.py beside it: its
 # own MIG and P2P-topology reads are diagnostics of that run (every deploy and provision read goes through
-# module_utils/bws_nvidia.py).
+# plugins/module_utils/bws_nvidia.py).
 NVIDIA_SMI_EXEMPT = {REPO / "roles" / "engine_service" / "files" / "interconnect_proof.py"}
 
 
@@ -105,7 +103,7 @@ def test_one_site_queries_nvidia_smi():
                  if p != NVIDIA_SMI_SITE and p not in NVIDIA_SMI_EXEMPT
                  and any(query.search(line) for line in code_lines(p))]
     assert any(query.search(line) for line in code_lines(NVIDIA_SMI_SITE)), "the pattern must find the one site"
-    assert offenders == [], f"nvidia-smi is queried by module_utils/bws_nvidia.py only (gpu_facts): {offenders}"
+    assert offenders == [], f"nvidia-smi is queried by plugins/module_utils/bws_nvidia.py only (gpu_facts): {offenders}"
     commands = [str(p.relative_to(REPO)) for p in ALL_YAML
                 if re.search(r"(argv|cmd|command|shell):.*\bnvidia-smi\b", p.read_text())]
     assert commands == [], f"no task runs nvidia-smi itself: {commands}"
@@ -113,7 +111,7 @@ def test_one_site_queries_nvidia_smi():
 
 def test_health_is_polled_only_by_engine_wait():
     tasks_with_health = []
-    waits = [p for p in ALL_YAML if re.search(r"(?m)^\s*engine_wait:\s*$", p.read_text())]
+    waits = [p for p in ALL_YAML if re.search(r"(?m)^\s*blackwell\.serving\.engine_wait:\s*$", p.read_text())]
     for path in ALL_YAML:
         for task in _tasks(yaml.safe_load(path.read_text()) or []):
             action = {k: v for k, v in task.items() if k in ("ansible.builtin.uri", "ansible.builtin.command",
@@ -127,36 +125,37 @@ def test_health_is_polled_only_by_engine_wait():
     in_engine = {REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py"}
     polling = [str(p.relative_to(REPO)) for p in SHIPPED_PYTHON if p.name != "engine_wait.py" and p not in in_engine
                and any("/health" in line for line in code_lines(p))]
-    assert polling == [], f"/health is polled by library/engine_wait.py only: {polling}"
+    assert polling == [], f"/health is polled by plugins/modules/engine_wait.py only: {polling}"
 
 
 def test_one_unknown_variable_mechanism():
-    mechanism = {REPO / "action_plugins" / "input_check.py"}
+    mechanism = {REPO / "plugins" / "action" / "input_check.py"}
     pattern = re.compile(r"varnames|unknown variable")
     offenders = [str(p.relative_to(REPO)) for p in [*ALL_YAML, *SHIPPED_PYTHON]
                  if p not in mechanism and any(pattern.search(line) for line in code_lines(p))]
-    assert offenders == [], f"unknown variables are refused by action_plugins/input_check.py only: {offenders}"
+    assert offenders == [], f"unknown variables are refused by plugins/action/input_check.py only: {offenders}"
 
 
 def test_no_module_over_450_lines():
-    long = {p.name: n for p in (REPO / "library").glob("*.py") if (n := len(p.read_text().splitlines())) > 450}
+    long = {p.name: n for p in (REPO / "plugins" / "modules").glob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}
     assert long == {}, f"move the logic to module_utils: {long}"
 
 
 def test_gpu_release_logic_is_split_by_concern_and_does_not_write_the_release_state():
-    files = sorted((REPO / "module_utils").glob("bws_gpu_release*.py"))
+    files = sorted((REPO / "plugins" / "module_utils").glob("bws_gpu_release*.py"))
     concerns = {p.stem.removeprefix("bws_gpu_release").lstrip("_") or "orchestration" for p in files}
     assert concerns == {"orchestration", "scope", "units", "signals", "shm", "gpus", "report"}, concerns
     long = {p.name: n for p in files if (n := len(p.read_text().splitlines())) > 350}
     assert long == {}, f"split by concern, at most 350 lines a file: {long}"
     writers = [p.name for p in files if any(w in line for line in code_lines(p)
                                             for w in ("write_text_atomically", "os.replace", "record_stopped("))]
-    assert writers == [], f"state.json is written by module_utils/bws_release_state.py only: {writers}"
+    assert writers == [], f"state.json is written by plugins/module_utils/bws_release_state.py only: {writers}"
 
 
 def test_one_systemd_unit_reader():
-    """Unit state is read by module_utils/bws_systemd.py only (show_units, and unit_properties over it)."""
-    reader = REPO / "module_utils" / "bws_systemd.py"
+    """Unit state is read by plugins/module_utils/bws_systemd.py only (show_units, and unit_properties over it)."""
+    reader = REPO / "plugins" / "module_utils" / "bws_systemd.py"
     pattern = re.compile(r"""["']show["']|systemctl show|is-active""")
     offenders = [str(p.relative_to(REPO)) for p in SHIPPED_PYTHON
                  if p != reader and any(pattern.search(line) for line in code_lines(p))]

@@ -1,4 +1,4 @@
-"""verify's reading of a smoke reply (roles/verify/filter_plugins/smoke_answer.py), the same for the greedy and the
+"""verify's reading of a smoke reply (plugins/filter/smoke_answer.py), the same for the greedy and the
 sampled request: where the expected number is, and whether the reply counts as an answer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("smoke_answer", REPO / "roles/verify/filter_plugins/smoke_answer.py")
+_spec = importlib.util.spec_from_file_location("smoke_answer", REPO / "plugins/filter/smoke_answer.py")
 smoke_answer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(smoke_answer)
 

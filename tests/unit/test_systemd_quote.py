@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location(
-    "systemd_quote", REPO / "roles/engine_service/filter_plugins/systemd_quote.py")
+    "systemd_quote", REPO / "plugins/filter/systemd_quote.py")
 systemd_quote = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(systemd_quote)
 

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 from engine_locks import load_lock  # noqa: E402
 
-_PLUGIN = REPO / "roles" / "verify" / "filter_plugins" / "bench_argv.py"
+_PLUGIN = REPO / "plugins" / "filter" / "bench_argv.py"
 _spec = importlib.util.spec_from_file_location("bench_argv", _PLUGIN)
 bench_argv_mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_argv_mod)

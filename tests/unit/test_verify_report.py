@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from module_utils import bws_metrics
+from ansible_collections.blackwell.serving.plugins.module_utils import bws_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "verify" / "files" / "verify_report.py"
@@ -318,7 +317,7 @@ def test_cli_writes_the_files_and_prints_the_gate(tmp_path):
     out = tmp_path / "report"
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--inputs", "-", "--out-dir", str(out), "--chart",
-         f"--module-utils={REPO / 'module_utils'}"],
+         f"--module-utils={REPO / 'plugins' / 'module_utils'}"],
         input=json.dumps(inputs()), capture_output=True, text=True, check=True)
     printed = json.loads(result.stdout)
     assert printed["gate"]["passed"] is False
@@ -330,7 +329,7 @@ def test_cli_writes_the_files_and_prints_the_gate(tmp_path):
 def test_cli_bad_baseline_exits_2_with_the_reason(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--inputs", "-", "--out-dir", str(tmp_path / "r"),
-         f"--module-utils={REPO / 'module_utils'}"],
+         f"--module-utils={REPO / 'plugins' / 'module_utils'}"],
         input=json.dumps(inputs(baseline=str(tmp_path / "missing.json"))), capture_output=True, text=True,
         check=False)
     assert result.returncode == 2

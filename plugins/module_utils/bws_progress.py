@@ -1,0 +1,218 @@
+# Copyright: the blackwell-llm-serving authors
+# SPDX-License-Identifier: Apache-2.0
+"""Evidence that a starting engine unit makes progress besides its journal (standard library only: runs on the target).
+
+An engine that writes no journal line for minutes may still be working: reading its weights from disk, setting up
+its GPUs. Each source reads a counter that grows only while the engine does such work, and says why when it cannot:
+
+- ``io_stat``: bytes the unit's cgroup read from block devices (``rbytes`` of its cgroup v2 ``io.stat``, summed over
+  the devices). Readable by any user, and it keeps the bytes of processes that have exited; it exists where the io
+  controller is enabled for the unit (cgroup v2 and ``IOAccounting=yes``, which the engine unit sets).
+- ``proc_io``: ``read_bytes`` of ``/proc/<pid>/io`` of the processes in the unit's cgroup, read only where io.stat
+  is not (a cgroup v1 or hybrid host). Needs ptrace rights over the engine's user (root with CAP_SYS_PTRACE),
+  and forgets the bytes of processes that exit.
+- ``gpu_memory``: the GPU memory the unit's processes hold (nvidia-smi's compute apps, MiB); progress when it
+  reaches a new high. It grows in steps (the model created on the GPUs before its weights are read into it, the KV
+  cache, CUDA graphs), not during a weight load. Read at most every GPU_SAMPLE_S seconds, each call killed after
+  GPU_READ_S.
+
+Both byte counters count what reaches the block layer: a read served from the page cache counts in neither (a
+warm start reads nothing from disk, and is quick).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia import (
+    QUERY_APPS_ARGS,
+    NvidiaError,
+    apps_from_csv,
+    resolve_nvidia_smi,
+    run_query,
+    timed_runner,
+)
+from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import unit_cgroup_pids
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_ROOT = "/proc"
+GPU_SAMPLE_S = 5.0
+GPU_READ_S = 10.0
+
+
+class UnavailableError(Exception):
+    """The source cannot be read here; the message says why."""
+
+
+class UnitView:
+    """The unit's control group (systemd's ControlGroup property) and, read once per poll, its processes."""
+
+    def __init__(self, control_group: str | None) -> None:
+        self.control_group = (control_group or "").strip()
+        self._pids: list[int] | None = None
+
+    def pids(self) -> list[int]:
+        if not self.control_group:
+            raise UnavailableError("the unit has no control group (it does not run)")
+        if self._pids is None:
+            self._pids = sorted(unit_cgroup_pids(CGROUP_ROOT, self.control_group))
+        if not self._pids:
+            raise UnavailableError(f"no process in the unit's cgroup {self.control_group}")
+        return self._pids
+
+
+class Source:
+    """One counter that grows while the engine works; when it last grew, and the longest time it did not."""
+
+    name = ""
+    what = ""  # what the value counts, for messages
+
+    def __init__(self, start: float) -> None:
+        self.value: int | None = None
+        self.problem: str | None = "not read yet"
+        self.last_growth = start
+        self.longest_silent = 0.0
+
+    def read(self, unit: UnitView, budget_s: float) -> int:
+        raise NotImplementedError
+
+    def grew(self, value: int) -> bool:
+        return self.value is not None and value > self.value
+
+    def sample(self, now: float, unit: UnitView, budget_s: float) -> bool:
+        """Read the counter; True when it grew since the last read (the first read only sets the baseline)."""
+        try:
+            value = self.read(unit, budget_s)
+        except UnavailableError as why:
+            self.problem = str(why)
+            return False
+        grew = self.grew(value)
+        self.value, self.problem = value, None
+        if grew:
+            self.longest_silent = max(self.longest_silent, now - self.last_growth)
+            self.last_growth = now
+        return grew
+
+    def report(self, now: float) -> dict:
+        silent = now - self.last_growth
+        return {"read": self.problem is None, "value": self.value, "counts": self.what, "problem": self.problem,
+                "silent_s": round(silent, 3), "longest_silent_s": round(max(self.longest_silent, silent), 3)}
+
+    def describe(self, now: float) -> str:
+        if self.problem is not None:
+            return f"{self.name}: {self.problem}"
+        return f"{self.name}: {self.value} {self.what}, last grew {now - self.last_growth:.1f} s ago"
+
+
+class IoStat(Source):
+    name, what = "io_stat", "bytes read"
+
+    def read(self, unit: UnitView, budget_s: float) -> int:
+        if not unit.control_group:
+            raise UnavailableError("the unit has no control group (it does not run)")
+        relative = unit.control_group.strip("/")
+        # cgroup v2 mounts the unified hierarchy at the root, a hybrid host under unified/ (without the io
+        # controller, which cgroup v1's blkio holds there)
+        places = [os.path.join(CGROUP_ROOT, base, relative, "io.stat") for base in ("", "unified")]
+        for path in places:
+            try:
+                with open(path, encoding="ascii") as handle:
+                    text = handle.read()
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise UnavailableError(f"{path}: {error.strerror}") from None
+            # "259:0 rbytes=4096 wbytes=0 rios=1 wios=0 dbytes=0 dios=0" per device
+            return sum(int(field[7:]) for line in text.splitlines() for field in line.split()
+                       if field.startswith("rbytes=") and field[7:].isdigit())
+        raise UnavailableError(f"no io.stat in the unit's cgroup ({' or '.join(places)}): the io controller is not "
+                               "enabled for it (it needs cgroup v2 and IOAccounting=yes)")
+
+
+class ProcIo(Source):
+    name, what = "proc_io", "bytes read"
+
+    def __init__(self, start: float) -> None:
+        super().__init__(start)
+        self.per_pid: dict[int, int] | None = None
+        self.growth = False
+
+    def read(self, unit: UnitView, budget_s: float) -> int:
+        counts, denied = {}, None
+        for pid in unit.pids():
+            try:
+                with open(f"{PROC_ROOT}/{pid}/io", encoding="ascii") as handle:
+                    lines = handle.read().splitlines()
+            except PermissionError as error:
+                denied = error
+                continue
+            except OSError:  # the process exited meanwhile
+                continue
+            counts[pid] = next((int(line.split()[1]) for line in lines if line.startswith("read_bytes:")), 0)
+        if not counts and denied is not None:
+            raise UnavailableError(f"{PROC_ROOT}/<pid>/io of the unit's processes cannot be read ({denied.strerror}): "
+                                   "it needs ptrace rights over the engine's user (root with CAP_SYS_PTRACE)")
+        # Progress: a process read more than at the last look (one that appeared since, having read, too).
+        before = self.per_pid
+        self.growth = before is not None and any(count > before.get(pid, 0) for pid, count in counts.items())
+        self.per_pid = counts
+        return sum(counts.values())
+
+    def grew(self, value: int) -> bool:
+        return self.growth
+
+
+class GpuMemory(Source):
+    name, what = "gpu_memory", "MiB held"
+
+    def __init__(self, start: float, nvidia_smi: str) -> None:
+        super().__init__(start)
+        self.nvidia_smi = nvidia_smi
+        self.peak: int | None = None
+        self.next_read = 0.0
+        self.gone: str | None = None if nvidia_smi else "not read (no nvidia-smi given)"
+
+    def read(self, unit: UnitView, budget_s: float) -> int:
+        if self.gone:
+            raise UnavailableError(self.gone)
+        now = time.monotonic()
+        if now < self.next_read and self.value is not None:
+            return self.value
+        self.next_read = now + GPU_SAMPLE_S
+        path = resolve_nvidia_smi(self.nvidia_smi)
+        if path is None:
+            self.gone = f"{self.nvidia_smi} is not found or not executable"
+            raise UnavailableError(self.gone)
+        pids = set(unit.pids())
+        timeout = max(0.5, min(GPU_READ_S, budget_s))
+        try:
+            apps = apps_from_csv(run_query(path, QUERY_APPS_ARGS, timed_runner(timeout, "engine_wait's GPU read")))
+        except NvidiaError as error:
+            if error.kind == "timeout":  # a hung driver: do not wait on it again in this wait
+                self.gone = f"{error} (not asked again in this wait)"
+            raise UnavailableError(str(error)) from None
+        return sum(app["used_mib"] or 0 for app in apps if app["pid"] in pids)
+
+    def grew(self, value: int) -> bool:
+        grew = self.peak is not None and value > self.peak
+        self.peak = value if self.peak is None else max(self.peak, value)
+        return grew
+
+
+def sources(start: float, nvidia_smi: str) -> list[Source]:
+    return [IoStat(start), ProcIo(start), GpuMemory(start, nvidia_smi)]
+
+
+def sample(progress: list[Source], now: float, unit: UnitView, budget_s: float) -> list[str]:
+    """Read every source once; the names of those that grew. /proc/<pid>/io is read only where io.stat is not."""
+    grew = []
+    bytes_counted = False
+    for source in progress:
+        if isinstance(source, ProcIo) and bytes_counted:
+            source.problem = "not read: io.stat counts these bytes"
+            continue
+        if source.sample(now, unit, budget_s):
+            grew.append(source.name)
+        bytes_counted = bytes_counted or (isinstance(source, IoStat) and source.problem is None)
+    return grew
