@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command (README, .ci/run). Installs what it needs, then runs, failing on
 # the first error: yamllint, ruff, ansible-doc of every module, the execution environment's build context
-# (ansible-builder create), ansible-lint (production; it runs `ansible-playbook --syntax-check` on every
+# (ansible-builder create), ansible-test sanity on the collection, ansible-lint (production; it runs `ansible-playbook --syntax-check` on every
 # playbook, root-level entry points included, and every role) beside pytest (unit + integration), Molecule on
 # systemd test hosts beside the engine contracts, and the
 # engine lifecycle scenarios (deploys, faults with rollback, secrets, fleet) on booted systemd hosts.
@@ -18,7 +18,7 @@ usage: bash scripts/test.sh [PART ...]
 With no PART, everything, in this order (what CI runs: .ci/run). Each PART runs only its stages, after the
 bootstrap (scripts/bootstrap.sh: the toolchain, a no-op when it is installed):
   lint       yamllint, ruff, ansible-doc of every module and role, the execution environment's build
-             context, ansible-lint (production profile)
+             context, ansible-test sanity (compile, import, pep8, validate-modules), ansible-lint (production)
   unit       pytest: tests/unit and tests/integration, without the tests that boot hosts
   molecule   the Molecule scenarios (default, provision) on systemd test hosts
   contract   the engine contracts: the real SGLang and vLLM code of the pinned versions (CPU venvs)
@@ -192,6 +192,7 @@ if want lint; then
   run_stage ruff ruff check .
   run_stage ansible-doc module_docs
   run_stage execution-environment ee_create
+  run_stage ansible-test-sanity bash scripts/ansible_test_sanity.sh
   # ansible-lint (about 1.3 cores for 2 minutes) runs beside the unit and integration tests, which leave part of
   # the second core idle while their playbooks and engine doubles wait; its verdict is read before anything boots
   # a host.

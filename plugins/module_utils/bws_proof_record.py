@@ -168,9 +168,9 @@ def failure_message(report: dict[str, Any] | None, rc: int, stderr: str, unit_na
         parts.append(f"IOMMU mode: {iommu.get('mode')} ({iommu.get('source')})")
         acs = pcie.get("acs", {})
         ports = [f"{p['bdf']} ({'+ '.join(p['redirecting'])}+)" for p in acs.get("redirecting", [])]
-        parts.append("PCIe ports with ACS ReqRedir+/CmpltRedir+: " + (", ".join(ports) if ports else "none" if
-                                                                     acs.get("checked") else
-                                                                     f"not checked ({acs.get('error', 'no lspci')})"))
+        unchecked = f"not checked ({acs.get('error', 'no lspci')})"
+        listed = ", ".join(ports) if ports else "none" if acs.get("checked") else unchecked
+        parts.append("PCIe ports with ACS ReqRedir+/CmpltRedir+: " + listed)
     elif "pcie" in diagnostics:
         parts.append(f"IOMMU/ACS: {pcie.get('error')}")
     if "topo_p2p_read" in diagnostics:
@@ -185,9 +185,7 @@ def steps_summary(report: dict[str, Any]) -> str:
     steps = ((report.get("ranks") or [{}])[0]).get("steps") or []
     return (f"engine {report.get('engine', 'none')} settings "
             + (", ".join(f"{k}={v}" for k, v in sorted(applied.items())) or "none") + "; "
-            + ("; ".join(f"{s.get('step')}: {s.get('status')}" + (f" ({s['reason'].split(': ', 1)[-1]})"
-                                                                 if s.get("reason") else "") for s in steps)
-               or "no other steps reported"))
+            + ("; ".join(step_text(s) for s in steps) or "no other steps reported"))
 
 
 def write_record(records_dir: str, record: dict[str, Any]) -> None:
@@ -200,3 +198,7 @@ def write_record(records_dir: str, record: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def step_text(step: dict) -> str:
+    """One proof step for the summary line: its name, status and, where given, the reason's last part."""
+    reason = f" ({step['reason'].split(': ', 1)[-1]})" if step.get("reason") else ""
+    return f"{step.get('step')}: {step.get('status')}{reason}"

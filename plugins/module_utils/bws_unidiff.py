@@ -187,7 +187,7 @@ def apply_file_patch(original: str | None, patch: FilePatch) -> str | None:
     if patch.creates:
         if original is not None:
             raise HunkMismatchError(patch.path, 1, 1, expected=[], found=split_lines(original)[0][:5],
-                               reason="file to be created already exists")
+                                    reason="file to be created already exists")
         original = ""
     elif original is None:
         raise HunkMismatchError(patch.path, 1, 1, expected=patch.hunks[0].old_lines(), found=[],
@@ -202,16 +202,16 @@ def apply_file_patch(original: str | None, patch: FilePatch) -> str | None:
         found = lines[start:start + len(expected)] if start >= 0 else []
         if start < cursor:
             raise HunkMismatchError(patch.path, number, start + 1, expected=expected, found=found,
-                               reason="hunk overlaps the previous one")
+                                    reason="hunk overlaps the previous one")
         if found != expected:
             raise HunkMismatchError(patch.path, number, start + 1, expected=expected, found=found)
         at_end = start + len(expected) == len(lines)
         if hunk.old_ends_without_newline and not (at_end and not ends_with_newline):
             raise HunkMismatchError(patch.path, number, start + 1, expected=expected, found=found,
-                               reason="the file ends with a newline where the hunk says it does not")
+                                    reason="the file ends with a newline where the hunk says it does not")
         if at_end and expected and not hunk.old_ends_without_newline and not ends_with_newline:
             raise HunkMismatchError(patch.path, number, start + 1, expected=expected, found=found,
-                               reason="the file lacks the final newline the hunk expects")
+                                    reason="the file lacks the final newline the hunk expects")
         result.extend(lines[cursor:start])
         result.extend(hunk.new_lines())
         cursor = start + len(expected)
@@ -221,7 +221,7 @@ def apply_file_patch(original: str | None, patch: FilePatch) -> str | None:
     if patch.deletes:
         if result:
             raise HunkMismatchError(patch.path, len(patch.hunks), 1, expected=[], found=result[:5],
-                               reason="file to be deleted has more lines than the patch removes")
+                                    reason="file to be deleted has more lines than the patch removes")
         return None
     return join_lines(result, ends_with_newline)
 

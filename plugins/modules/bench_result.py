@@ -38,8 +38,7 @@ options:
               median_ttft_ms, p99_ttft_ms, mean_itl_ms, median_itl_ms, p99_itl_ms, mean_tpot_ms, p99_tpot_ms,
               spec_decode_acceptance_rate, accept_length, backend, dataset_name, max_concurrency,
               sharegpt_output_len, random_input_len, random_output_len]
-author:
-  - LLM serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -46,7 +46,7 @@ options:
     default: "0644"
 notes:
   - Supports check mode and diff mode. Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -22,7 +22,7 @@ description:
     other units are left alone.
   - A unit that is not running is left alone.
 version_added: "0.1.0"
-author: blackwell-llm-serving authors
+author: the blackwell-llm-serving authors (!UNKNOWN)
 options:
   unit:
     description: The engine unit.
@@ -41,8 +41,10 @@ notes:
   - Check mode says what it would do and does nothing.
 attributes:
   check_mode:
+    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
+    description: Returns the change it made, or would make in check mode, as a diff.
     support: none
 """
 

@@ -36,7 +36,7 @@ options:
     default: []
 notes:
   - Supports check mode. Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -36,8 +36,7 @@ options:
     description: Timeout of the request, in seconds.
     type: float
     default: 30
-author:
-  - LLM serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -49,7 +49,7 @@ options:
     default: []
 notes:
   - Supports check mode (it only reads). Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

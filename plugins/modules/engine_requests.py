@@ -25,10 +25,9 @@ options:
     type: str
     required: true
   headers:
-    description: Headers of the requests with I(auth) true (C(Authorization)).
+    description: Headers of the requests with I(auth) true (C(Authorization)); never logged.
     type: dict
     default: {}
-    no_log: true
   requests:
     description: The requests, sent in this order.
     type: list
@@ -71,7 +70,7 @@ options:
         default: []
 notes:
   - Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

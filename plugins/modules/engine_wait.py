@@ -83,8 +83,7 @@ options:
     description: Journal lines to return on failure.
     type: int
     default: 40
-author:
-  - LLM serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -15,7 +15,7 @@ description:
   - When nvidia-smi is missing or the driver is not loaded it fails with a message that says which, unless
     O(fail_on_missing=false), in which case it returns RV(driver_loaded), an empty RV(gpus) and RV(reason).
 version_added: "0.1.0"
-author: blackwell-llm-serving authors
+author: the blackwell-llm-serving authors (!UNKNOWN)
 options:
   nvidia_smi:
     description: nvidia-smi to run (a name in PATH or a path, for example a GPU simulator in tests).
@@ -54,11 +54,13 @@ notes:
   - Read-only; check mode returns the same facts.
 attributes:
   check_mode:
+    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
+    description: Returns the change it made, or would make in check mode, as a diff.
     support: none
 seealso:
-  - module: gpu_release
+  - module: blackwell.serving.gpu_release
 """
 
 EXAMPLES = r"""
@@ -118,6 +120,11 @@ gpus:
   returned: always
   type: list
   elements: dict
+  contains:
+    mig_mode:
+      description: The GPU's current MIG mode - C(Enabled), C(Disabled), or null where the board has no MIG.
+      returned: with O(mig=true)
+      type: str
   sample:
     - index: 0
       uuid: GPU-ea82d19a-2c61-37a1-249d-ead4e4c1c48b
@@ -157,6 +164,8 @@ ARGUMENT_SPEC = {
     "pci_only": {"type": "bool", "default": False},
     "sysfs_pci_dir": {"type": "path", "default": "/sys/bus/pci/devices"},
 }
+
+
 def timed_runner(timeout_s: int):
     """Run nvidia-smi under a timeout; an expired one is an NvidiaError of kind ``timeout`` that says so."""
 

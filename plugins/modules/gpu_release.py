@@ -71,7 +71,7 @@ description:
     and after a successful release C(state.json) records that release as stopped (check mode says it would;
     --diff shows the change). RV(release) says which release it was.
 version_added: "0.1.0"
-author: blackwell-llm-serving authors
+author: the blackwell-llm-serving authors (!UNKNOWN)
 options:
   units:
     description: systemd units whose cgroup members are targets (stop them before calling this module, or set
@@ -207,11 +207,13 @@ notes:
     unattributed.
   - Signals go through a pidfd opened after checking the PID's start time, so a reused PID is never signalled.
 seealso:
-  - module: gpu_facts
+  - module: blackwell.serving.gpu_facts
 attributes:
   check_mode:
+    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
+    description: Returns the change it made, or would make in check mode, as a diff.
     support: partial
     details: With O(state_dir), the change of C(state.json).
 """

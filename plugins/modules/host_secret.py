@@ -24,7 +24,7 @@ options:
 notes:
   - Supports check mode. On a host without the file, check mode reports it as to be created and returns a secret
     it does not keep. Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

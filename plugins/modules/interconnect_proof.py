@@ -35,7 +35,7 @@ description:
     C(nvidia-smi topo -p2p r) matrix and the documented fix, when it does not pass.
   - The proof never runs on GPUs a serving engine holds; the caller decides when the GPUs are free.
 version_added: "0.1.0"
-author: blackwell-llm-serving authors
+author: the blackwell-llm-serving authors (!UNKNOWN)
 options:
   state:
     description: C(recorded) reports whether a proof is recorded for the key; C(proven) also runs it when none is.
@@ -121,11 +121,13 @@ notes:
   - Check mode looks the record up and says whether the proof would run; it never runs it.
 attributes:
   check_mode:
+    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
+    description: Returns the change it made, or would make in check mode, as a diff.
     support: none
 seealso:
-  - module: pcie_facts
+  - module: blackwell.serving.pcie_facts
 """
 
 EXAMPLES = r"""

@@ -30,7 +30,7 @@ options:
     default: false
 notes:
   - Supports check mode. Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -110,6 +110,24 @@ options:
         read once more where the client wrote it without them, as with Xet storage) or C(trust) (the
         client's size check only; the listing's sha256 is recorded with method C(hf-client))."
     type: dict
+    suboptions:
+      venv:
+        description: The tools venv that holds C(huggingface_hub) and C(bws_hf_fetch.py).
+        type: path
+        required: true
+      workers:
+        description: Files fetched in parallel.
+        type: int
+        default: 8
+      xet:
+        description: Let the client use Xet storage (C(HF_HUB_DISABLE_XET) otherwise).
+        type: bool
+        default: true
+      verify:
+        description: C(read) compares each file with the listing's digests; C(trust) keeps the client's size check.
+        type: str
+        default: read
+        choices: [read, trust]
   batch_bytes:
     description:
       - How the plan groups missing files into C(batches), one task item each (for progress lines).
@@ -118,7 +136,7 @@ options:
     default: 268435456
 notes:
   - Supports check mode (then it only plans). Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

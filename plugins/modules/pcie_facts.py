@@ -39,8 +39,7 @@ options:
     type: list
     elements: str
     default: []
-author:
-  - LLM serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

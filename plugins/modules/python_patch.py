@@ -25,7 +25,7 @@ description:
   - Idempotent. A set whose patches reverse-apply cleanly is C(already-applied) (changed=false).
   - Check mode computes the result in memory, compiles it, and returns the diff; it writes nothing.
 version_added: "0.1.0"
-author: Blackwell LLM serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 options:
   patchset:
     description: Directory on the target that holds C(patchset.yml) and the C(.patch) files it lists.

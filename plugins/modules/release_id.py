@@ -31,7 +31,7 @@ options:
 notes:
   - Supports check mode. On a host without a salt yet, check mode reports the salt as to be created and derives
     the id from a salt it does not keep (every release is new on such a host anyway). Standard library only.
-author: Blackwell serving maintainers
+author: the blackwell-llm-serving authors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -1,27 +1,20 @@
-"""Each module option is declared with one meaning: its DOCUMENTATION (what ansible-doc shows) and its argument spec
-(what the module enforces) agree on type, default, choices, elements and required; and a role that passes its own
-variable to a module option has the module's default as that variable's default, except where the role turns on
-what the module leaves off by default (listed below, with why)."""
+"""Each module option is declared with one meaning: a role that passes its own variable to a module option has the
+module's default as that variable's default, except where the role turns on what the module leaves off by default
+(listed below, with why). That a module's DOCUMENTATION and its argument spec agree (type, default, choices,
+elements, required, sub-options) is ansible-test sanity's validate-modules (scripts/ansible_test_sanity.sh)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
-
-use_repository_module_utils()
-from ansible.module_utils import basic  # noqa: E402
+from tests.module_utils_loader import load_library_module  # noqa: E402
 
 MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py"))
-FIELDS = ("type", "default", "choices", "elements", "required")
 # (role variable, module.option): the role's value differs on purpose; the module's default keeps a direct call
 # conservative (off, or nothing allowed).
 ROLE_TURNS_ON = {
@@ -33,51 +26,8 @@ ROLE_TURNS_ON = {
 }
 
 
-class _SpecGivenError(Exception):
-    pass
-
-
-def load_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"bws_library_{name}", REPO / "plugins" / "modules" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def argument_spec(name: str, monkeypatch) -> dict[str, Any]:
-    """The spec main() gives AnsibleModule (main() is stopped there)."""
-
-    def capture(self, argument_spec=None, **_):
-        raise _SpecGivenError(argument_spec)
-
-    monkeypatch.setattr(basic.AnsibleModule, "__init__", capture)
-    with pytest.raises(_SpecGivenError) as caught:
-        load_module(name).main()
-    return caught.value.args[0]
-
-
 def documented_options(name: str) -> dict[str, Any]:
-    return yaml.safe_load(load_module(name).DOCUMENTATION).get("options") or {}
-
-
-def normalised(option: dict[str, Any], field: str) -> Any:
-    value = option.get(field)
-    if field == "type":
-        return value or "str"
-    if field == "required":
-        return bool(value)
-    return value
-
-
-@pytest.mark.parametrize("name", MODULES)
-def test_documentation_and_argument_spec_agree(name: str, monkeypatch) -> None:
-    sys.path.insert(0, str(REPO / "plugins" / "modules"))
-    spec, doc = argument_spec(name, monkeypatch), documented_options(name)
-    assert sorted(spec) == sorted(doc), f"{name}: options only in the spec or only in DOCUMENTATION"
-    differ = [(option, field, normalised(doc[option], field), normalised(spec[option], field))
-              for option in spec for field in FIELDS
-              if normalised(doc[option], field) != normalised(spec[option], field)]
-    assert differ == [], f"{name}: (option, field, DOCUMENTATION, argument spec) {differ}"
+    return yaml.safe_load(load_library_module(name).DOCUMENTATION).get("options") or {}
 
 
 def module_calls(node: Any):

@@ -504,8 +504,8 @@ def human_line(report: dict[str, Any]) -> str:
     if "iommu" in pcie:
         parts.append(f"IOMMU mode: {pcie['iommu']['mode']} ({pcie['iommu']['source']})")
         ports = [f"{p['bdf']} ({'+ '.join(p['redirecting'])}+)" for p in pcie["acs"]["redirecting"]]
-        parts.append("ACS redirection on: " + (", ".join(ports) if ports else
-                                                "none" if pcie["acs"]["checked"] else "not checked"))
+        listed = ", ".join(ports) if ports else "none" if pcie["acs"]["checked"] else "not checked"
+        parts.append("ACS redirection on: " + listed)
     parts.append(f"fix: {README_FIX}")
     return "; ".join(parts)
 
