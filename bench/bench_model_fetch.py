@@ -82,7 +82,8 @@ def make_model(root: Path, gib: float, shards: int) -> int:
     (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (root / "config.json").write_text(json.dumps({"architectures": ["BenchForCausalLM"]}))
     subprocess.run(
-        [sys.executable, str(REPO_ROOT / "plugins" / "module_utils" / "bws_model.py"), "write-manifest", str(root)],
+        [sys.executable, str(REPO_ROOT / "plugins" / "module_utils" / "model" / "store.py"), "write-manifest",
+         str(root)],
         check=True,
         capture_output=True,
     )
@@ -199,9 +200,7 @@ def transfer_alone(url: str, dest: Path, streams: int) -> dict:
 import sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
 from tests.module_utils_loader import load_module_util
-for name in ("bws_model", "bws_model_parallel", "bws_model_hub"):
-    load_module_util(name)
-t = load_module_util("bws_model_transfer")
+t = load_module_util("model.transfer")
 source = t.make_source({{"type": "http", "url": {url + "/mirror/acme/big/"!r}}}, None, 60)
 store = t.ModelStore({str(dest)!r}, source, streams={streams})
 plan = store.plan()

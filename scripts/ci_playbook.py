@@ -192,8 +192,10 @@ def secrets_in_vars_files(paths: list[str]) -> list[str]:
 
 
 def _secret_forms():
-    """plugins/module_utils/bws_redact.py: the forms a secret takes in logs and payloads (the roles' own redaction)."""
-    spec = importlib.util.spec_from_file_location("bws_redact", REPO / "plugins" / "module_utils" / "bws_redact.py")
+    """plugins/module_utils/secrets/redact.py: the forms a secret takes in logs and payloads (the roles' own
+    redaction)."""
+    redact = REPO / "plugins" / "module_utils" / "secrets" / "redact.py"
+    spec = importlib.util.spec_from_file_location("bws_redact", redact)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.secret_forms

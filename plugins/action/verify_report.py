@@ -18,7 +18,7 @@ from types import ModuleType
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_metrics
+from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics as bws_metrics
 
 ROLE_FILES = Path(__file__).resolve().parents[2] / "roles" / "verify" / "files"
 

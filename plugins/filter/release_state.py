@@ -1,9 +1,9 @@
-"""The release_state filters: state.json transitions, defined once in plugins/module_utils/bws_release_state.py (the
+"""The release_state filters: state.json transitions, defined once in plugins/module_utils/release/state.py (the
 gpu_release module records a teardown on the target with the same functions)."""
 
 from __future__ import annotations
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_release_state import (
+from ansible_collections.blackwell.serving.plugins.module_utils.release.state import (
     release_last_good,
     release_rollback_target,
     release_state,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import parse_show
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import parse_show
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}-]+$")
 
@@ -37,7 +37,7 @@ SHOWN_COMMANDS = ("ExecStartPre", "ExecStartPost", "ExecStop", "ExecStopPost", "
 
 
 def systemd_show(text: str) -> dict[str, str]:
-    """`systemctl show` KEY=VALUE lines of one unit as a mapping (bws_systemd's parser, which the modules use)."""
+    """`systemctl show` KEY=VALUE lines of one unit as a mapping (host/systemd.py's parser, which the modules use)."""
     return parse_show(str(text))[0]
 
 

@@ -75,7 +75,7 @@ existed:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_release_files import (
+from ansible_collections.blackwell.serving.plugins.module_utils.release.files import (
     ReleaseFilesError,
     Wanted,
     ensure_file,

@@ -83,7 +83,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import unit_properties
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import unit_properties
 
 
 def exec_start_argv(unit_text: str) -> list[str]:

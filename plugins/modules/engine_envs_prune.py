@@ -64,7 +64,7 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_release_files import ReleaseFilesError, read_json
+from ansible_collections.blackwell.serving.plugins.module_utils.release.files import ReleaseFilesError, read_json
 
 
 class PruneError(Exception):

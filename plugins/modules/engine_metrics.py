@@ -13,7 +13,7 @@ description:
   - Every sample of a metric is summed over its label sets (tensor-parallel ranks, engines, positions),
     so C(sglang:generation_tokens_total) is one number for the whole server.
   - Two scrapes around a benchmark give counter deltas over that window; the acceptance math lives in
-    C(plugins/module_utils/bws_metrics.py) (see the verify role).
+    C(plugins/module_utils/engine/metrics.py) (see the verify role).
   - A C(/metrics) that answers 404 (SGLang without C(--enable-metrics)) is not an error. The result has
     I(available=false) so the caller can say that acceptance was not measured.
   - Read-only; runs the same in check mode.
@@ -70,7 +70,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_metrics import (
+from ansible_collections.blackwell.serving.plugins.module_utils.engine.metrics import (
     MetricsError,
     parse_prometheus_text,
     select_metrics,

@@ -87,9 +87,9 @@ problems:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model import check_model_dir
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia import NvidiaError, read_gpu_facts
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_port import port_report, stranger_message
+from ansible_collections.blackwell.serving.plugins.module_utils.host.port import port_report, stranger_message
+from ansible_collections.blackwell.serving.plugins.module_utils.model.store import check_model_dir
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import NvidiaError, read_gpu_facts
 
 
 def model_problems(paths: list[str]) -> tuple[list[dict[str, Any]], list[str]]:

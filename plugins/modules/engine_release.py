@@ -261,7 +261,13 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_release_files import (
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import (
+    SystemdError,
+    service_summary,
+    show_units,
+    systemctl_here,
+)
+from ansible_collections.blackwell.serving.plugins.module_utils.release.files import (
     ReleaseFilesError,
     Wanted,
     apply,
@@ -270,12 +276,6 @@ from ansible_collections.blackwell.serving.plugins.module_utils.bws_release_file
     parse_mode,
     read_json,
     sha256_of,
-)
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import (
-    SystemdError,
-    service_summary,
-    show_units,
-    systemctl_here,
 )
 
 FILE_OPTIONS = {

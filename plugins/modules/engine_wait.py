@@ -163,9 +163,9 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_progress import Source, UnitView, sample, sources
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_redact import redact
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import journal_tail, unit_properties
+from ansible_collections.blackwell.serving.plugins.module_utils.engine.progress import Source, UnitView, sample, sources
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import journal_tail, unit_properties
+from ansible_collections.blackwell.serving.plugins.module_utils.secrets.redact import redact
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus", "ControlGroup")
 # A request is never given less than this, so a nearly spent budget still gets one real answer.

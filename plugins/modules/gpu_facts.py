@@ -146,7 +146,7 @@ processes:
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia import (
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import (
     MIG_QUERY_ARGS,
     NvidiaError,
     add_mig_modes,

@@ -366,12 +366,12 @@ summary:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release import (
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.release import (
     ARGUMENT_SPEC,
     ReleaseError,
     release,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia import NvidiaError
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import NvidiaError
 
 
 def main() -> None:

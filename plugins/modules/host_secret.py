@@ -49,7 +49,7 @@ created:
 import base64
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_host_secret import (
+from ansible_collections.blackwell.serving.plugins.module_utils.secrets.host_secret import (
     HostSecretError,
     ensure_host_secret,
 )

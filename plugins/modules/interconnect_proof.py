@@ -193,8 +193,13 @@ import subprocess
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_pcie import fabric_facts
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_proof_record import (
+from ansible_collections.blackwell.serving.plugins.module_utils.host.pcie import fabric_facts
+from ansible_collections.blackwell.serving.plugins.module_utils.host.unit_file import (
+    read_text,
+    service_settings,
+    unit_environment,
+)
+from ansible_collections.blackwell.serving.plugins.module_utils.release.proof_record import (
     README_FIX,
     differences,
     engine_settings,
@@ -212,11 +217,6 @@ from ansible_collections.blackwell.serving.plugins.module_utils.bws_proof_record
     release_neutral,
     steps_summary,
     write_record,
-)
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_unit_file import (
-    read_text,
-    service_settings,
-    unit_environment,
 )
 
 # [Service] settings about how systemd starts, stops and restarts the engine: not for a one-shot proof.

@@ -73,7 +73,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model import check_model_dir
+from ansible_collections.blackwell.serving.plugins.module_utils.model.store import check_model_dir
 
 
 def main() -> None:

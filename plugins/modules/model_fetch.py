@@ -233,14 +233,14 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model import (
+from ansible_collections.blackwell.serving.plugins.module_utils.model.hub import client_held
+from ansible_collections.blackwell.serving.plugins.module_utils.model.store import (
     ModelStoreError,
     check_model_dir,
     human_bytes,
     statvfs_free,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model_hub import client_held
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model_transfer import (
+from ansible_collections.blackwell.serving.plugins.module_utils.model.transfer import (
     ModelStore,
     make_source,
     progress_line,

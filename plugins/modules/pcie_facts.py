@@ -15,7 +15,7 @@ description:
     to tell whether the IOMMU is off, in pass-through or translating DMA.
   - lspci shows the ACS capability only to root; run it with become. Without lspci the ACS part is reported
     as not checked, not as clean.
-  - Read-only; safe in check mode. The parsing lives in plugins/module_utils/bws_pcie.py, which the interconnect proof
+  - Read-only; safe in check mode. The parsing lives in plugins/module_utils/host/pcie.py, which the interconnect proof
     script uses too.
 options:
   lspci:
@@ -75,7 +75,7 @@ import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_pcie import gather
+from ansible_collections.blackwell.serving.plugins.module_utils.host.pcie import gather
 
 
 def run_lspci(module: AnsibleModule, lspci: str, timeout_s: int) -> str | None:

@@ -180,7 +180,7 @@ rolled_back:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_patchset import (
+from ansible_collections.blackwell.serving.plugins.module_utils.patch.patchset import (
     PatchSetError,
     discover,
     execute,

@@ -3,7 +3,7 @@
 The ranks are real processes running torch.distributed (CPU torch of the SGLang contract venv), spawned by the
 script itself. The script kills ranks that miss its deadline, so every run happens in new PID and mount
 namespaces (unshare, private /dev/shm): it can reach only processes the test started. The script is copied
-with plugins/module_utils/bws_pcie.py beside it, as a deploy ships it.
+with plugins/module_utils/host/pcie.py beside it, as a deploy ships it.
 
 Shown here: a healthy proof passes with right sums and reports uid, the NCCL/CUDA/SGLANG environment (no secret)
 and SGLang's in-process NCCL settings as each rank set them, and reports the bfloat16, CUDA-graph and peer-write
@@ -30,7 +30,7 @@ from torch_shm_helpers import private_namespace_argv, private_namespace_unavaila
 pytestmark = pytest.mark.contract
 
 SCRIPT = REPO_ROOT / "roles" / "engine_service" / "files" / "interconnect_proof.py"
-PCIE = REPO_ROOT / "plugins" / "module_utils" / "bws_pcie.py"
+PCIE = REPO_ROOT / "plugins" / "module_utils" / "host" / "pcie.py"
 DOUBLE = REPO_ROOT / "tests" / "doubles" / "nvidia_smi_double.py"
 
 
@@ -39,7 +39,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The script and its parser in one directory, as the deploy puts them on the host."""
     directory = tmp_path_factory.mktemp("libexec")
     shutil.copy(SCRIPT, directory / SCRIPT.name)
-    shutil.copy(PCIE, directory / PCIE.name)
+    shutil.copy(PCIE, directory / "bws_pcie.py")  # the name it is shipped under
     return directory / SCRIPT.name
 
 

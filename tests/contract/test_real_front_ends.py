@@ -36,7 +36,7 @@ pytestmark = pytest.mark.contract
 
 API_KEY = "sk-real-front-end-Zq7"
 ADMIN_KEY = "admin-real-front-end-Kd3"  # SGLang's admin_api_key, as the sglang role always sets one
-metrics = load_module_util("bws_metrics")
+metrics = load_module_util("engine.metrics")
 
 
 def engine_python(engine: str) -> Path:
@@ -120,7 +120,8 @@ def test_streamed_chat_ends_with_usage_then_done(engine: RealFrontEnd) -> None:
 
 
 def test_metrics_have_the_counters_verify_reads(engine: RealFrontEnd) -> None:
-    """verify's acceptance and throughput come from these names (plugins/module_utils/bws_metrics.py): the real ones."""
+    """verify's acceptance and throughput come from these names (plugins/module_utils/engine/metrics.py): the real
+    ones."""
     def counters() -> dict[str, float]:
         status, body = engine.request("/metrics", key=API_KEY)
         assert status == 200

@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import gpu_release  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import first_matching_pattern  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import first_matching_pattern  # noqa: E402
 
 pytestmark = pytest.mark.contract
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import vllm_helpers  # first: it maps the repository's module_utils into ansible.module_utils
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_patchset as bp
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_unidiff import HunkMismatchError, apply
+from ansible_collections.blackwell.serving.plugins.module_utils.patch import patchset as bp
+from ansible_collections.blackwell.serving.plugins.module_utils.patch.unidiff import HunkMismatchError, apply
 
 pytestmark = pytest.mark.contract
 

@@ -116,7 +116,7 @@ def extract_upstream_files(version: str, paths: list[str], dest: Path) -> Path:
 
 
 def load_kimi_set():
-    from ansible_collections.blackwell.serving.plugins.module_utils import bws_patchset
+    from ansible_collections.blackwell.serving.plugins.module_utils.patch import patchset as bws_patchset
 
     manifest = yaml.safe_load((KIMI_SET / "patchset.yml").read_text())
     return bws_patchset.load_patchset(str(KIMI_SET), manifest), manifest

@@ -24,7 +24,7 @@ from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
 
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_nvidia as nv  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia import smi as nv  # noqa: E402
 from gpu_helpers import (  # noqa: E402
     INSIDE,
     Sim,

@@ -10,7 +10,7 @@ multi-GPU host: pass ``--world-size N`` there (N GPUs visible).
     python3 tests/gpu/interconnect_proof_smoke.py [--python /path/to/python-with-cuda-torch] [--world-size N]
         [--engine sglang|vllm|none] [--custom-all-reduce] [--out tests/gpu/results] [--name interconnect_proof_smoke]
 
-It copies the script and plugins/module_utils/bws_pcie.py into a temporary directory (as a deploy ships them), runs the
+It copies the script and plugins/module_utils/host/pcie.py into a temporary directory (as a deploy ships them), runs the
 proof inside a private PID namespace when it can (``unshare --pid --fork --mount-proc``, root), so the proof's
 kill of stuck ranks can only reach its own processes, and writes ``<name>.json`` (default
 ``interconnect_proof_smoke.json``).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "engine_service" / "files" / "interconnect_proof.py"
-PCIE = REPO / "plugins" / "module_utils" / "bws_pcie.py"
+PCIE = REPO / "plugins" / "module_utils" / "host" / "pcie.py"
 
 
 def main() -> int:
@@ -51,7 +51,7 @@ def main() -> int:
         return 77
     with tempfile.TemporaryDirectory(prefix="bws-proof-smoke-") as tmp:
         shutil.copy(SCRIPT, tmp)
-        shutil.copy(PCIE, tmp)
+        shutil.copy(PCIE, Path(tmp) / "bws_pcie.py")  # the name it is shipped under
         argv = [args.python, str(Path(tmp) / SCRIPT.name), "--world-size", str(args.world_size), "--backend", "nccl",
                 "--sizes-mib", args.sizes_mib, "--timeout-s", args.timeout_s, "--engine", args.engine]
         argv += ["--custom-all-reduce"] if args.custom_all_reduce else []

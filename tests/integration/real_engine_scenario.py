@@ -79,7 +79,7 @@ def verify_passes_with_the_real_parsers(host: EngineHost, runs: list, engine: st
     assert int(routes) >= 10 and source.startswith("the route table (/openapi.json)"), smoke
     assert report["gate"]["passed"] is True, report["gate"]
     # Acceptance from the engine's own /metrics counters over the benchmark window
-    # (plugins/module_utils/bws_metrics.py).
+    # (plugins/module_utils/engine/metrics.py).
     acceptance = report["levels"][0]["acceptance"]
     assert acceptance["problem"] is None and 0 < acceptance["rate"] < 1, acceptance
 

@@ -36,7 +36,7 @@ SHARD = "model-00002-of-00003.safetensors"
 
 def write_mirror_manifest(model_dir: Path) -> None:
     subprocess.run(
-        [sys.executable, str(REPO_ROOT / "plugins" / "module_utils" / "bws_model.py"), "write-manifest",
+        [sys.executable, str(REPO_ROOT / "plugins" / "module_utils" / "model" / "store.py"), "write-manifest",
          str(model_dir)],
         check=True,
         capture_output=True,
@@ -353,9 +353,7 @@ def hub_profile(dest: Path) -> dict:
 
 
 def load_transfer():
-    for name in ("bws_model", "bws_model_parallel", "bws_model_hub"):
-        load_module_util(name)
-    return load_module_util("bws_model_transfer")
+    return load_module_util("model.transfer")
 
 
 def hub_store(dest: Path, endpoint: str, token: str | None = None, repo: str = "acme/tiny"):
@@ -364,7 +362,7 @@ def hub_store(dest: Path, endpoint: str, token: str | None = None, repo: str = "
 
 
 def test_hub_errors_say_what_to_do_and_a_server_without_range_is_read_up_to_the_kept_bytes():
-    error = load_module_util("bws_model").ModelStoreError
+    error = load_module_util("model.store").ModelStoreError
     with scratch() as work:
         hub = work / "hub"
         source = make_tiny_model(hub / "acme" / "tiny")
@@ -418,7 +416,7 @@ def test_hub_client_gated_repository_fails_naming_the_token_variable():
 
 
 def test_hub_client_interrupted_fetch_is_resumed():
-    chunk = load_module_util("bws_model_hub").CHUNK_BYTES
+    chunk = load_module_util("model.hub").CHUNK_BYTES
     with scratch() as work:
         # one 12.2 MiB shard: the client writes in chunks of CHUNK_BYTES and resumes after the last whole chunk
         source = make_tiny_model(work / "hub" / "acme" / "tiny", shards=1, floats_per_tensor=1_600_000)
@@ -491,7 +489,7 @@ def client_venv(work: Path) -> Path:
 
 
 def test_hub_client_file_that_differs_from_the_listing_is_set_aside():
-    error = load_module_util("bws_model").ModelStoreError
+    error = load_module_util("model.store").ModelStoreError
     with scratch() as work:
         make_tiny_model(work / "hub" / "acme" / "tiny", shards=1)
         shard = "model-00001-of-00001.safetensors"

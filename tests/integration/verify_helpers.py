@@ -22,9 +22,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_DOUBLE = REPO / "tests" / "doubles" / "engine_double.py"
 BENCH_DOUBLE = REPO / "tests" / "doubles" / "bench_client_double.py"
-sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
+from tests.module_utils_loader import load_module_util  # noqa: E402
 
-import bws_metrics  # noqa: E402
+bws_metrics = load_module_util("engine.metrics")
 
 sys.path.insert(0, str(REPO / "tests"))
 from engine_locks import pinned_version  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 from tests.module_utils_loader import load_library_module, load_module_util
 
 engine_release = load_library_module("engine_release")
-release_files_util = load_module_util("bws_release_files")
+release_files_util = load_module_util("release.files")
 
 
 def params(tmp_path: Path, *names: str) -> dict:

@@ -216,7 +216,7 @@ def test_the_journal_tail_comes_back_with_the_key_masked_in_every_form(endpoint,
 # The module reads the unit's cgroup files, /proc/<pid>/io and nvidia-smi; here a cgroup tree and a procfs under
 # tmp_path stand in for the host's, written by a thread as an engine's kernel counters would grow, and a script
 # speaks nvidia-smi's compute-apps CSV. The journal says only that the engine still waits (vLLM's warning).
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_progress  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.engine import progress as bws_progress  # noqa: E402
 
 CONTROL_GROUP = "/system.slice/vllm.service"
 ENGINE_PID, FOREIGN_PID = 4242, 777

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import gpu_facts  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_nvidia as nv  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia import smi as nv  # noqa: E402
 
 FIX = REPO / "tests" / "fixtures" / "nvidia-smi"
 H200 = FIX / "h200-3procs"

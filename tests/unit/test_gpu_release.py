@@ -19,13 +19,13 @@ sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import gpu_release as gpu_release_module  # noqa: E402  (plugins/modules/: argument handling and output)
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_gpu_release as gpu_release  # noqa: E402  (the logic)
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_gpu_release_gpus as release_gpus  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_gpu_release_scope as release_scope  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_gpu_release_shm as release_shm  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_gpu_release_signals as release_signals  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_gpu_release_units as release_units  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_procfs as pf  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import gpus as release_gpus  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import release as gpu_release  # noqa: E402  (the logic)
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import scope as release_scope  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import shm as release_shm  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import signals as release_signals  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import units as release_units  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.host import procfs as pf  # noqa: E402
 
 RTX8 = REPO / "tests" / "fixtures" / "nvidia-smi" / "rtxpro6000-8gpu-constructed"
 DEFAULT_PATTERNS = gpu_release.ARGUMENT_SPEC["patterns"]["default"]
@@ -333,7 +333,7 @@ def test_shm_owners_default_to_the_service_users_and_unknown_users_own_nothing()
 
 
 def test_gpu_table_maps_device_minor_not_index():
-    from ansible_collections.blackwell.serving.plugins.module_utils import bws_nvidia as nv
+    from ansible_collections.blackwell.serving.plugins.module_utils.nvidia import smi as nv
 
     gpus = nv.gpus_from_csv((RTX8 / "query-gpu-busy.csv").read_text())
     nv.attach_minors(gpus, nv.read_driver_gpus(str(RTX8 / "proc-driver-nvidia")))
@@ -596,7 +596,7 @@ def test_an_idle_host_is_read_once(tmp_path, capsys, monkeypatch):
 
 
 def test_wedged_needs_every_reading_busy_and_reads_again_only_what_looked_busy():
-    from ansible_collections.blackwell.serving.plugins.module_utils import bws_gpu_health as health
+    from ansible_collections.blackwell.serving.plugins.module_utils.nvidia import health
 
     def gpu(uuid, util, used):
         return {"uuid": uuid, "bus_id": uuid.lower(), "index": 0, "utilization_gpu_pct": util, "memory_used_mib": used}
@@ -635,7 +635,7 @@ def test_a_hung_nvidia_smi_ends_at_its_timeout_with_a_message_and_the_release_go
 
 
 def test_timed_runner_kills_the_whole_call_and_names_the_setting(tmp_path):
-    from ansible_collections.blackwell.serving.plugins.module_utils import bws_nvidia as nv
+    from ansible_collections.blackwell.serving.plugins.module_utils.nvidia import smi as nv
 
     script = tmp_path / "slow"
     script.write_text("#!/bin/sh\nsleep 30\necho late\n")  # sh waits for its child: the group must be killed

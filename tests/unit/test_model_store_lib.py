@@ -19,10 +19,10 @@ from tests.module_utils_loader import load_module_util
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-bws_model = load_module_util("bws_model")
-parallel = load_module_util("bws_model_parallel")
-load_module_util("bws_model_hub")
-transfer = load_module_util("bws_model_transfer")
+bws_model = load_module_util("model.store")
+parallel = load_module_util("model.parallel")
+load_module_util("model.hub")
+transfer = load_module_util("model.transfer")
 ModelStoreError = bws_model.ModelStoreError
 
 
@@ -479,7 +479,7 @@ def test_a_sha256_mismatch_names_the_file_and_leaves_nothing_that_looks_complete
 
 # ---------------------------------------------------------------- Hub client: digests of the bytes as written
 
-hub = load_module_util("bws_model_hub")
+hub = load_module_util("model.hub")
 MIB = 1024 * 1024
 
 

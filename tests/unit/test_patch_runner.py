@@ -1,4 +1,4 @@
-"""plugins/module_utils/bws_patch_runner.py, the patch-set verification runner, run the way bws_patchset runs it: its
+"""plugins/module_utils/patch/runner.py, the patch-set verification runner, run the way bws_patchset runs it: its
 source
 given to an interpreter with ``-c``, a spec file in, a JSON report out."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.module_utils_loader import load_module_util
 
-patchset = load_module_util("bws_patchset")
+patchset = load_module_util("patch.patchset")
 
 
 def run(tmp_path: Path, spec: dict) -> dict:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "plugins" / "modules"))
 
 import pcie_facts  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_pcie  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.host import pcie as bws_pcie  # noqa: E402
 
 FIX = REPO / "tests" / "fixtures" / "pcie"
 SWITCH = FIX / "lspci-vvv-switch-redirect-constructed.txt"

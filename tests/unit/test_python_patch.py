@@ -1,4 +1,5 @@
-"""plugins/modules/python_patch.py and plugins/module_utils/bws_patchset.py on a small synthetic engine in a temp venv.
+"""plugins/modules/python_patch.py and plugins/module_utils/patch/patchset.py on a small synthetic engine in a temp
+venv.
 
 The "engine" is a package installed in a throw-away venv (no pip, created with this interpreter), so
 version discovery, compiling, importing and asserting all run in a real separate interpreter.
@@ -23,8 +24,8 @@ from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
 
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_patchset as bp  # noqa: E402
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_unidiff import render  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.patch import patchset as bp  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.patch.unidiff import render  # noqa: E402
 
 CONFIG_BEFORE = '''"""Engine config."""
 

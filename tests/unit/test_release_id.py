@@ -13,7 +13,7 @@ import pytest
 from tests.module_utils_loader import load_library_module, load_module_util, run_library_module_file
 
 release_id = load_library_module("release_id")
-host_secret = load_module_util("bws_host_secret")
+host_secret = load_module_util("secrets.host_secret")
 
 DIGEST = hashlib.sha256(b"unit text + files, API key included").hexdigest()
 

@@ -76,10 +76,10 @@ def test_every_task_uses_a_fully_qualified_module_name():
 ALL_YAML = [p for pattern in ("roles/**/*.yml", "playbooks/*.yml", "*.yml", "inventory/**/*.yml", "molecule/**/*.yml")
             for p in REPO.glob(pattern) if ".git" not in p.parts]
 SHIPPED_PYTHON = [*REPO.glob("plugins/*/*.py"), *REPO.glob("roles/*/files/*.py")]
-NVIDIA_SMI_SITE = REPO / "plugins" / "module_utils" / "bws_nvidia.py"
+NVIDIA_SMI_SITE = REPO / "plugins" / "module_utils" / "nvidia" / "smi.py"
 # Runs on the host as the engine unit's user under systemd-run, outside Ansible, with only bws_pcie.py beside it: its
 # own MIG and P2P-topology reads are diagnostics of that run (every deploy and provision read goes through
-# plugins/module_utils/bws_nvidia.py).
+# plugins/module_utils/nvidia/smi.py).
 NVIDIA_SMI_EXEMPT = {REPO / "roles" / "engine_service" / "files" / "interconnect_proof.py"}
 
 
@@ -103,7 +103,7 @@ def test_one_site_queries_nvidia_smi():
                  if p != NVIDIA_SMI_SITE and p not in NVIDIA_SMI_EXEMPT
                  and any(query.search(line) for line in code_lines(p))]
     assert any(query.search(line) for line in code_lines(NVIDIA_SMI_SITE)), "the pattern must find the one site"
-    assert offenders == [], f"nvidia-smi is queried by plugins/module_utils/bws_nvidia.py only (gpu_facts): {offenders}"
+    assert offenders == [], f"nvidia-smi is queried by plugins/module_utils/nvidia/smi.py only (gpu_facts): {offenders}"
     commands = [str(p.relative_to(REPO)) for p in ALL_YAML
                 if re.search(r"(argv|cmd|command|shell):.*\bnvidia-smi\b", p.read_text())]
     assert commands == [], f"no task runs nvidia-smi itself: {commands}"
@@ -143,20 +143,30 @@ def test_no_module_over_450_lines():
 
 
 def test_gpu_release_logic_is_split_by_concern_and_does_not_write_the_release_state():
-    files = sorted((REPO / "plugins" / "module_utils").glob("bws_gpu_release*.py"))
-    concerns = {p.stem.removeprefix("bws_gpu_release").lstrip("_") or "orchestration" for p in files}
-    assert concerns == {"orchestration", "scope", "units", "signals", "shm", "gpus", "report"}, concerns
+    files = sorted((REPO / "plugins" / "module_utils" / "gpu_release").glob("*.py"))
+    concerns = {p.stem for p in files} - {"__init__"}
+    assert concerns == {"release", "scope", "units", "signals", "shm", "gpus", "report"}, concerns
     long = {p.name: n for p in files if (n := len(p.read_text().splitlines())) > 350}
     assert long == {}, f"split by concern, at most 350 lines a file: {long}"
     writers = [p.name for p in files if any(w in line for line in code_lines(p)
                                             for w in ("write_text_atomically", "os.replace", "record_stopped("))]
-    assert writers == [], f"state.json is written by plugins/module_utils/bws_release_state.py only: {writers}"
+    assert writers == [], f"state.json is written by plugins/module_utils/release/state.py only: {writers}"
 
 
 def test_one_systemd_unit_reader():
-    """Unit state is read by plugins/module_utils/bws_systemd.py only (show_units, and unit_properties over it)."""
-    reader = REPO / "plugins" / "module_utils" / "bws_systemd.py"
+    """Unit state is read by plugins/module_utils/host/systemd.py only (show_units, and unit_properties over it)."""
+    reader = REPO / "plugins" / "module_utils" / "host" / "systemd.py"
     pattern = re.compile(r"""["']show["']|systemctl show|is-active""")
     offenders = [str(p.relative_to(REPO)) for p in SHIPPED_PYTHON
                  if p != reader and any(pattern.search(line) for line in code_lines(p))]
-    assert offenders == [], f"read units with bws_systemd.show_units: {offenders}"
+    assert offenders == [], f"read units with host/systemd.py show_units: {offenders}"
+
+
+def test_module_utils_are_packages_by_concern():
+    """plugins/module_utils holds packages (one per concern), each with an empty __init__.py, and no loose file."""
+    root = REPO / "plugins" / "module_utils"
+    loose = sorted(p.name for p in root.glob("*.py"))
+    assert loose == [], f"put shared code in a package of its concern: {loose}"
+    packages = sorted(p for p in root.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert len(packages) >= 5, packages
+    assert all((p / "__init__.py").is_file() and (p / "__init__.py").read_text() == "" for p in packages), packages

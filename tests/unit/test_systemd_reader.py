@@ -1,4 +1,4 @@
-"""plugins/module_utils/bws_systemd.py, the one reader of unit state: one `systemctl show` for all units, by unit
+"""plugins/module_utils/host/systemd.py, the one reader of unit state: one `systemctl show` for all units, by unit
 name."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from tests.module_utils_loader import use_repository_module_utils
 
 use_repository_module_utils()
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_systemd  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.host import systemd as bws_systemd  # noqa: E402
 
 SHOWN = "Id=sglang.service\nLoadState=loaded\nActiveState=active\n\nId=vllm.service\nLoadState=not-found\n"
 

@@ -1,4 +1,4 @@
-"""plugins/module_utils/bws_unidiff.py: exact-context unified diffs (no fuzz, no offsets)."""
+"""plugins/module_utils/patch/unidiff.py: exact-context unified diffs (no fuzz, no offsets)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_unidiff import (  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.module_utils.patch.unidiff import (  # noqa: E402
     HunkMismatchError,
     PatchFormatError,
     apply,
@@ -150,7 +150,7 @@ def test_malformed_patches_are_rejected_with_a_reason(text, message):
 
 
 def test_module_is_standard_library_only():
-    source = (REPO / "plugins" / "module_utils" / "bws_unidiff.py").read_text()
+    source = (REPO / "plugins" / "module_utils" / "patch" / "unidiff.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in source.splitlines()
                if line.startswith(("import ", "from "))}
     assert imports <= set(sys.stdlib_module_names) | {"__future__"}

@@ -1,11 +1,11 @@
-"""plugins/module_utils/bws_metrics.py: Prometheus parsing, window acceptance, speed-up and gate messages."""
+"""plugins/module_utils/engine/metrics.py: Prometheus parsing, window acceptance, speed-up and gate messages."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_metrics as m
+from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics as m
 
 SGLANG_TEXT = """\
 # HELP sglang:generation_tokens_total Number of generation tokens processed.

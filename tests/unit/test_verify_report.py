@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_metrics
+from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics as bws_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "verify" / "files" / "verify_report.py"

@@ -13,6 +13,7 @@ input (a baseline file that does not exist or is not a baseline).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -33,13 +34,16 @@ class InputError(ValueError):
 
 
 def load_metrics_module(paths: list[str]):
+    """engine/metrics.py of the collection's module_utils (stdlib only), from the first of `paths` that has it."""
     for path in paths:
-        if (Path(path) / "bws_metrics.py").is_file():
-            sys.path.insert(0, path)
-            import bws_metrics
-
-            return bws_metrics
-    raise InputError(f"bws_metrics.py not found in the module_utils paths {paths}")
+        source = Path(path) / "engine" / "metrics.py"
+        if source.is_file():
+            spec = importlib.util.spec_from_file_location("bws_engine_metrics", source)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # its dataclasses look their module up
+            spec.loader.exec_module(module)
+            return module
+    raise InputError(f"engine/metrics.py not found in the module_utils paths {paths}")
 
 
 def number(value: object, source: str) -> dict[str, object]:

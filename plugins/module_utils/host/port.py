@@ -6,7 +6,7 @@ import os
 import socket
 import struct
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import unit_of_pid
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import unit_of_pid
 
 LISTEN_STATE = "0A"
 

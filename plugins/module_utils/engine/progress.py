@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia import (
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import unit_cgroup_pids
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import (
     QUERY_APPS_ARGS,
     NvidiaError,
     apps_from_csv,
@@ -33,7 +34,6 @@ from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia impor
     run_query,
     timed_runner,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import unit_cgroup_pids
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_ROOT = "/proc"

@@ -2,7 +2,7 @@
 spec.json out.json``): compile the patched files, import the modules they belong to, check the names and
 assertions of the set's ``verify:`` section, and write a JSON report. Standard library only, and no import from
 the rest of the project: it runs in the engine's venv, not in Ansible's module process
-(plugins/module_utils/bws_patchset.py
+(plugins/module_utils/patch/patchset.py
 passes it this file's source). Exit status 0 with ``"ok": false`` in the report for a failed check.
 """
 

@@ -19,7 +19,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model import (
+from ansible_collections.blackwell.serving.plugins.module_utils.model.hub import HubClientRun
+from ansible_collections.blackwell.serving.plugins.module_utils.model.parallel import ParallelFetch, kept_bytes
+from ansible_collections.blackwell.serving.plugins.module_utils.model.store import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     PART_SUFFIX,
@@ -43,8 +45,6 @@ from ansible_collections.blackwell.serving.plugins.module_utils.bws_model import
     walk_local,
     write_json_atomic,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model_hub import HubClientRun
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model_parallel import ParallelFetch, kept_bytes
 
 CHUNK = 1024 * 1024
 USER_AGENT = "blackwell-serving-model-store/1"

@@ -10,12 +10,13 @@ import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_health import gpu_key, wedged_gpus, wedged_text
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_scope import (
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.scope import (
     foreign_entry,
     protected_name,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia import (
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import Proc, ancestors
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.health import gpu_key, wedged_gpus, wedged_text
+from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import (
     QUERY_APPS_ARGS,
     QUERY_GPU_ARGS,
     NvidiaError,
@@ -29,7 +30,6 @@ from ansible_collections.blackwell.serving.plugins.module_utils.bws_nvidia impor
     run_query,
     timed_runner,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import Proc, ancestors
 
 SMI_TIMEOUT_SETTING = "nvidia_smi_timeout_s"
 
@@ -257,7 +257,7 @@ def verify_gpus(
 def find_wedged(
     gpu: Gpu, table: dict[int, dict[str, Any]], gpus: list[dict], apps: list[dict], params: dict[str, Any]
 ) -> tuple[dict[str, dict[str, Any]], list[dict], list[dict]]:
-    """Wedged selected GPUs (marked in ``table``) and the last (gpus, apps) read; see bws_gpu_health."""
+    """Wedged selected GPUs (marked in ``table``) and the last (gpus, apps) read; see nvidia/health.py."""
     if not gpu.available:
         return {}, gpus, apps
     wedged, gpus, apps = wedged_gpus(

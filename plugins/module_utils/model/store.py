@@ -1,7 +1,7 @@
 """Model store: listings, local state and completeness checks for model directories.
 
 Shared by plugins/modules/model_fetch.py and plugins/modules/model_check.py. Standard library only (runs on the target,
-Python >= 3.10). Also a small command line: `python3 bws_model.py write-manifest DIR` writes the manifest
+Python >= 3.10). Also a small command line: `python3 store.py write-manifest DIR` writes the manifest
 that lets a plain web server act as a `type: http` mirror of DIR.
 """
 

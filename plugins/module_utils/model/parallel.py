@@ -27,7 +27,7 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model import (
+from ansible_collections.blackwell.serving.plugins.module_utils.model.store import (
     HASH_CHUNK,
     PART_SUFFIX,
     STATE_DIR,

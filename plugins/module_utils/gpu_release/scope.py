@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import (
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import (
     Proc,
     ancestors,
     descendants,
@@ -27,7 +27,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs impor
     read_link,
     unit_cgroup_pids,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import SystemdError, show_units
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import SystemdError, show_units
 
 
 def names_of(proc: Proc) -> set[str]:

@@ -1,11 +1,10 @@
 """Release engine processes, GPUs and /dev/shm: the gpu_release module's orchestration.
 
 Stdlib only; runs on the target. The module (plugins/modules/gpu_release.py) is argument handling and output; this file
-runs the steps in order, each decided in a file of its own concern: which processes are ours
-(bws_gpu_release_scope), the systemd units (bws_gpu_release_units), signalling and the waits
-(bws_gpu_release_signals), /dev/shm (bws_gpu_release_shm), what the GPUs show (bws_gpu_release_gpus), and the
-summary and failure message (bws_gpu_release_report). The record of a teardown in state.json is written by
-bws_release_state, which owns that file. The deploy's preflight and teardown share all of it.
+runs the steps in order, each decided in a file of its own concern in this package: which processes are ours
+(scope.py), the systemd units (units.py), signalling and the waits (signals.py), /dev/shm (shm.py), what the GPUs
+show (gpus.py), and the summary and failure message (report.py). The record of a teardown in state.json is written
+by release/state.py, which owns that file. The deploy's preflight and teardown share all of it.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_gpus import (
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.gpus import (
     Gpu,
     attribute_apps,
     classify_holders,
@@ -23,23 +22,23 @@ from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_
     verify_gpus,
     wedged_list,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_report import failure, summarize
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_scope import Scope, select, user_name
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_shm import clean_shm, shm_owners
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_signals import (
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.report import failure, summarize
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.scope import Scope, select, user_name
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.shm import clean_shm, shm_owners
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.signals import (
     Clock,
     terminate,
     wait_for_gpu_release,
     wait_for_memory_to_settle,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_units import (
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.units import (
     ReleaseError,
     stop_units,
     units_left,
     with_recorded_unit,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import Proc, snapshot
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_release_state import read_serving, record_teardown
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import Proc, snapshot
+from ansible_collections.blackwell.serving.plugins.module_utils.release.state import read_serving, record_teardown
 
 __all__ = ["ARGUMENT_SPEC", "ReleaseError", "release"]
 

@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_model import (
+from ansible_collections.blackwell.serving.plugins.module_utils.model.store import (
     PART_SUFFIX,
     Digest,
     ModelStoreError,

@@ -10,13 +10,13 @@ import os
 import stat
 from typing import Any
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_scope import (
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.scope import (
     Scope,
     Users,
     resolve_users,
     user_name,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import Proc, read_mapped_paths
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import Proc, read_mapped_paths
 
 
 def shm_users(shm_dir: str, procs: dict[int, Proc]) -> dict[str, set[int]]:

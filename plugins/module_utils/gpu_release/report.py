@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_units import unit_lines
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.units import unit_lines
 
 
 def gpu_line(g: dict[str, Any]) -> str:

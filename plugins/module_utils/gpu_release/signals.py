@@ -10,8 +10,8 @@ import signal
 import time
 from typing import Any
 
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_gpu_release_gpus import Gpu
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import Proc, is_alive
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.gpus import Gpu
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import Proc, is_alive
 
 
 def send(proc: Proc, sig: int) -> bool:

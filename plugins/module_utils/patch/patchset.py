@@ -17,8 +17,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ansible_collections.blackwell.serving.plugins.module_utils import bws_patch_runner
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_unidiff import (
+from ansible_collections.blackwell.serving.plugins.module_utils.patch import runner as bws_patch_runner
+from ansible_collections.blackwell.serving.plugins.module_utils.patch.unidiff import (
     FilePatch,
     HunkMismatchError,
     PatchFormatError,
@@ -273,7 +273,7 @@ def load_patchset(directory: str, manifest: dict) -> PatchSet:
 # Running the engine's interpreter.
 
 def runner_source() -> str:
-    """plugins/module_utils/bws_patch_runner.py's source, as the engine's interpreter runs it (``python -c``): it is
+    """plugins/module_utils/patch/runner.py's source, as the engine's interpreter runs it (``python -c``): it is
     packed
     with this module (AnsiballZ) and read back from there."""
     return inspect.getsource(bws_patch_runner)

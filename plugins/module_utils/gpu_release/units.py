@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_procfs import Proc, in_system_unit
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import (
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import Proc, in_system_unit
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import (
     ENABLED_STATES,
     UNIT_PROPERTIES,
     SystemdError,
     systemctl_here,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.bws_systemd import show_units as read_units
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import show_units as read_units
 
 
 class ReleaseError(Exception):
@@ -27,7 +27,7 @@ systemd_runs_here = systemctl_here
 
 
 def show_units(module: AnsibleModule, systemctl: str, units: list[str]) -> dict[str, dict[str, str]]:
-    """The units' state (bws_systemd.show_units: one ``systemctl show`` for all), through the module's runner."""
+    """The units' state (host.systemd.show_units: one ``systemctl show`` for all), through the module's runner."""
     try:
         return read_units(units, UNIT_PROPERTIES, systemctl=systemctl, run=module.run_command)
     except SystemdError as exc:
