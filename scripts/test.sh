@@ -19,12 +19,13 @@ With no PART, everything, in this order (what CI runs: .ci/run). Each PART runs 
 bootstrap (scripts/bootstrap.sh: the toolchain, a no-op when it is installed):
   lint       yamllint, ruff, ansible-doc of every module and role, the execution environment's build
              context, ansible-test sanity (compile, import, pep8, validate-modules), ansible-lint (production)
-  unit       pytest: tests/unit and tests/integration, without the tests that boot hosts
+  unit       ansible-test units (tests/unit/plugins), then pytest: the rest of tests/unit and
+             tests/integration, without the tests that boot hosts
   molecule   the Molecule scenarios (default, provision) on systemd test hosts
   contract   the engine contracts: the real SGLang and vLLM code of the pinned versions (CPU venvs)
   host       the host scenarios: deploys, faults, fleet and the real front ends on booted systemd hosts
   pytest ... pytest with the given arguments (after the bootstrap and the test-host image), for instance
-             bash scripts/test.sh pytest tests/unit/test_engine_wait.py -k stall
+             bash scripts/test.sh pytest tests/unit/plugins/modules/test_engine_wait.py -k stall
              bash scripts/test.sh pytest -m container tests/integration/test_real_vllm_host.py
 Environment: BWS_TEST_WORKERS (default 2), BWS_HOST_WORKERS (default 5), BWS_MOLECULE_SCENARIOS.
 USAGE
@@ -192,14 +193,17 @@ if want lint; then
   run_stage ruff ruff check .
   run_stage ansible-doc module_docs
   run_stage execution-environment ee_create
-  run_stage ansible-test-sanity bash scripts/ansible_test_sanity.sh
+  run_stage ansible-test-sanity bash scripts/ansible_test.sh sanity
   # ansible-lint (about 1.3 cores for 2 minutes) runs beside the unit and integration tests, which leave part of
   # the second core idle while their playbooks and engine doubles wait; its verdict is read before anything boots
   # a host.
   start_background ansible-lint ansible-lint --strict -q
 fi
 if want unit; then
-  run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" tests/unit tests/integration
+  # the plugins' own unit tests run under ansible-test, on the collection as it is packed
+  run_stage ansible-test-units env BWS_JUNIT="$RESULTS/ansible-test-units.xml" bash scripts/ansible_test.sh units
+  run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" --ignore=tests/unit/plugins tests/unit \
+    tests/integration
 fi
 if want lint; then run_stage ansible-lint await_background ansible-lint; fi
 if want pytest; then

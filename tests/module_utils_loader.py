@@ -11,7 +11,9 @@ from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
-COLLECTIONS = REPO / "collections"
+# The directory that holds ansible_collections/: collections/ of a checkout, or the tree that holds an installed copy
+# (ansible-test runs the tests inside one).
+COLLECTIONS = REPO.parents[2] if REPO.parent.parent.name == "ansible_collections" else REPO / "collections"
 PLUGINS = "ansible_collections.blackwell.serving.plugins"
 MODULES_DIR = REPO / "plugins" / "modules"
 MODULE_UTILS_DIR = REPO / "plugins" / "module_utils"

@@ -1,6 +1,6 @@
 """The model store's list building: the directories of the requested profiles (model_store_entries) and the
-transfers of their plans (model_store_batches). Unit-tested in tests/unit/test_model_store_filters.py against the
-Jinja loops they replaced."""
+transfers of their plans (model_store_batches). Unit-tested in tests/unit/plugins/filter/test_model_store_filters.py
+against the Jinja loops they replaced."""
 
 from __future__ import annotations
 

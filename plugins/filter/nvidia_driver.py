@@ -1,6 +1,6 @@
 """Parsers of the nvidia_driver role: GPG key listings, the loaded kernel module's version, package versions and
-nvidia-smi CSV rows. Unit-tested in tests/unit/test_nvidia_driver_filters.py, each against the Jinja expression it
-replaced."""
+nvidia-smi CSV rows. Unit-tested in tests/unit/plugins/filter/test_nvidia_driver_filters.py, each against the Jinja
+expression it replaced."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Each module option is declared with one meaning: a role that passes its own variable to a module option has the
 module's default as that variable's default, except where the role turns on what the module leaves off by default
 (listed below, with why). That a module's DOCUMENTATION and its argument spec agree (type, default, choices,
-elements, required, sub-options) is ansible-test sanity's validate-modules (scripts/ansible_test_sanity.sh)."""
+elements, required, sub-options) is ansible-test sanity's validate-modules (scripts/ansible_test.sh sanity)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.module_utils_loader import load_module_util
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 bws_model = load_module_util("model.store")

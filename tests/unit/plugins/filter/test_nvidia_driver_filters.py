@@ -10,7 +10,7 @@ import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 _SPEC = importlib.util.spec_from_file_location("nvidia_driver_filters",
                                                REPO / "plugins/filter/nvidia_driver.py")
 filters = importlib.util.module_from_spec(_SPEC)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
 
 use_repository_module_utils()

@@ -11,7 +11,7 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 _SPEC = importlib.util.spec_from_file_location("model_store_filters",
                                                REPO / "plugins/filter/model_store.py")
 filters = importlib.util.module_from_spec(_SPEC)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 spec = importlib.util.spec_from_file_location(
     "release_state", REPO / "plugins/filter/release_state.py")
 rs = importlib.util.module_from_spec(spec)

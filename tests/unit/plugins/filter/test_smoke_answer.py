@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 _spec = importlib.util.spec_from_file_location("smoke_answer", REPO / "plugins/filter/smoke_answer.py")
 smoke_answer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(smoke_answer)
