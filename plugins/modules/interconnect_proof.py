@@ -47,7 +47,7 @@ options:
     type: path
     required: true
   script:
-    description: C(interconnect_proof.py) on the host (C(bws_pcie.py) beside it).
+    description: C(interconnect_proof.py) on the host (the collection's C(pcie.py) beside it).
     type: path
     required: true
   python:

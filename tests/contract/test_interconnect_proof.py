@@ -39,7 +39,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The script and its parser in one directory, as the deploy puts them on the host."""
     directory = tmp_path_factory.mktemp("libexec")
     shutil.copy(SCRIPT, directory / SCRIPT.name)
-    shutil.copy(PCIE, directory / "bws_pcie.py")  # the name it is shipped under
+    shutil.copy(PCIE, directory / PCIE.name)
     return directory / SCRIPT.name
 
 

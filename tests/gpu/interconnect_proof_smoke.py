@@ -51,7 +51,7 @@ def main() -> int:
         return 77
     with tempfile.TemporaryDirectory(prefix="bws-proof-smoke-") as tmp:
         shutil.copy(SCRIPT, tmp)
-        shutil.copy(PCIE, Path(tmp) / "bws_pcie.py")  # the name it is shipped under
+        shutil.copy(PCIE, tmp)
         argv = [args.python, str(Path(tmp) / SCRIPT.name), "--world-size", str(args.world_size), "--backend", "nccl",
                 "--sizes-mib", args.sizes_mib, "--timeout-s", args.timeout_s, "--engine", args.engine]
         argv += ["--custom-all-reduce"] if args.custom_all_reduce else []

@@ -77,7 +77,7 @@ ALL_YAML = [p for pattern in ("roles/**/*.yml", "playbooks/*.yml", "*.yml", "inv
             for p in REPO.glob(pattern) if ".git" not in p.parts]
 SHIPPED_PYTHON = [*REPO.glob("plugins/*/*.py"), *REPO.glob("roles/*/files/*.py")]
 NVIDIA_SMI_SITE = REPO / "plugins" / "module_utils" / "nvidia" / "smi.py"
-# Runs on the host as the engine unit's user under systemd-run, outside Ansible, with only bws_pcie.py beside it: its
+# Runs on the host as the engine unit's user under systemd-run, outside Ansible, with only pcie.py beside it: its
 # own MIG and P2P-topology reads are diagnostics of that run (every deploy and provision read goes through
 # plugins/module_utils/nvidia/smi.py).
 NVIDIA_SMI_EXEMPT = {REPO / "roles" / "engine_service" / "files" / "interconnect_proof.py"}

@@ -26,7 +26,7 @@ Every step reports its status (passed, failed, skipped or not run, with the reas
 their progress in files, so when the deadline passes the parent kills every rank still running (each rank
 runs in its own session; the whole session is killed) and names the ranks that did not finish and the step
 each was in. Failures also carry the IOMMU mode, the PCIe ports with ACS ``ReqRedir+``/``CmpltRedir+`` (via
-bws_pcie.py, shipped beside this file), ``nvidia-smi topo -p2p r`` and where the documentation gives the fix; a caller
+pcie.py, shipped beside this file), ``nvidia-smi topo -p2p r`` and where the documentation gives the fix; a caller
 may add its own facts with ``--diagnostics FILE`` (JSON).
 
 Output: one human line on stderr, one JSON document on stdout (and in ``--json-out``). It always carries the
@@ -416,17 +416,16 @@ def pcie_diagnostics(backend: str, nvidia_smi: str, timeout_s: float) -> dict[st
     facts: dict[str, Any] = {}
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
-        import bws_pcie  # shipped beside this file
+        import pcie  # plugins/module_utils/host/pcie.py, shipped beside this file
     except ImportError:
-        facts["pcie"] = {"error": "bws_pcie.py is not beside the proof script; IOMMU/ACS not checked"}
+        facts["pcie"] = {"error": "pcie.py is not beside the proof script; IOMMU/ACS not checked"}
     else:
         lspci = run_tool(["lspci", "-D", "-vvv"], timeout_s)
         try:
             cmdline = Path("/proc/cmdline").read_text(encoding="utf-8")
         except OSError:
             cmdline = ""
-        facts["pcie"] = bws_pcie.gather(lspci["stdout"] if lspci["ok"] else None, cmdline,
-                                        "/sys/kernel/iommu_groups")
+        facts["pcie"] = pcie.gather(lspci["stdout"] if lspci["ok"] else None, cmdline, "/sys/kernel/iommu_groups")
         if not lspci["ok"]:
             facts["pcie"]["acs"]["error"] = lspci.get("error") or lspci.get("stderr")
     if backend == "nccl":

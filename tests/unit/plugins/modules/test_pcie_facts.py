@@ -1,4 +1,4 @@
-"""plugins/module_utils/bws_pcie and the pcie_facts module on constructed lspci -vvv and iommu_groups fixtures.
+"""plugins/module_utils/host/pcie.py and the pcie_facts module on constructed lspci -vvv and iommu_groups fixtures.
 
 The harmful ACS bits are ReqRedir+ / CmpltRedir+ in ACSCtl; SrcValid+ (and what ACSCap merely offers) is
 harmless and must not be reported.
