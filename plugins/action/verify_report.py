@@ -18,7 +18,7 @@ from types import ModuleType
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics as bws_metrics
+from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics
 
 ROLE_FILES = Path(__file__).resolve().parents[2] / "roles" / "verify" / "files"
 
@@ -35,7 +35,6 @@ def load(name: str, path: Path) -> ModuleType:
 
 def write_report(inputs: dict, out_dir: Path, chart: bool) -> dict:
     report_program = load("bws_verify_report", ROLE_FILES / "verify_report.py")
-    metrics = bws_metrics
     try:
         report, baseline_doc = report_program.build_report(inputs, metrics)
     except (report_program.InputError, ValueError, KeyError, OSError) as exc:

@@ -39,13 +39,15 @@ options:
     type: path
 notes:
   - Check mode says what it would do and does nothing.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
-    description: Returns the change it made, or would make in check mode, as a diff.
     support: none
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""

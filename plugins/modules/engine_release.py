@@ -57,7 +57,7 @@ options:
     type: list
     elements: dict
     default: []
-    suboptions:
+    suboptions: &file_options
       name:
         description:
           - File name inside the release directory, or C(<directory>/<name>) one level below it (the directory is
@@ -88,32 +88,7 @@ options:
     type: list
     elements: dict
     default: []
-    suboptions:
-      name:
-        description:
-          - File name inside the release directory, or C(<directory>/<name>) one level below it (the directory is
-            created C(root:<group> 0750)), such as the dist-info directory of an engine plugin.
-        type: str
-        required: true
-      content:
-        description: Exact content.
-        type: str
-        required: true
-      owner:
-        description: Owner.
-        type: str
-        default: root
-      group:
-        description: Group; the service group when not given.
-        type: str
-      mode:
-        description: Octal mode.
-        type: str
-        default: "0640"
-      validate:
-        description: Command run on the temporary file before it replaces the file (C(%s) is its path).
-        type: str
-        default: ""
+    suboptions: *file_options
   host_files:
     description: >-
       Files outside the release directory (absolute I(path)); their directory must exist or be listed in

@@ -52,13 +52,15 @@ options:
     default: 30
 notes:
   - Read-only; check mode returns the same facts.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
-    description: Returns the change it made, or would make in check mode, as a diff.
     support: none
+  platform:
+    platforms: posix
 seealso:
   - module: blackwell.serving.gpu_release
 """

@@ -208,14 +208,16 @@ notes:
   - Signals go through a pidfd opened after checking the PID's start time, so a reused PID is never signalled.
 seealso:
   - module: blackwell.serving.gpu_facts
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
-    description: Returns the change it made, or would make in check mode, as a diff.
     support: partial
     details: With O(state_dir), the change of C(state.json).
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""

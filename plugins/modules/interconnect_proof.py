@@ -119,13 +119,15 @@ options:
     default: {}
 notes:
   - Check mode looks the record up and says whether the proof would run; it never runs it.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and predict whether it would change anything, without changing it.
     support: full
   diff_mode:
-    description: Returns the change it made, or would make in check mode, as a diff.
     support: none
+  platform:
+    platforms: posix
 seealso:
   - module: blackwell.serving.pcie_facts
 """
