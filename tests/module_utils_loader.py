@@ -30,6 +30,12 @@ def load_module_util(name: str) -> ModuleType:
     return importlib.import_module(f"{PLUGINS}.module_utils.{name}")
 
 
+def load_plugin_util(name: str) -> ModuleType:
+    """plugins/plugin_utils/<name>.py (controller-side code: the engine roster's reader)."""
+    use_repository_module_utils()
+    return importlib.import_module(f"{PLUGINS}.plugin_utils.{name}")
+
+
 def load_library_module(name: str) -> ModuleType:
     """plugins/modules/<name>.py (a module's main() and argument handling), with the collection's module_utils."""
     use_repository_module_utils()

@@ -2,7 +2,7 @@
 
 One mechanism for every role and playbook. The source of truth is the roles' meta/argument_specs.yml:
 
-- Every variable of the host (inventory, -e, facts) whose name starts with a role prefix (``sglang_``,
+- Every variable of the host (inventory, -e, facts) whose name starts with a role prefix (an engine role's,
   ``verify_``, ...) or a reserved playbook prefix (``engine_``, ``deploy_``), or is exactly ``engine``,
   must be an option of some role's argument spec (the union over roles and entry points), or a fact a
   role itself sets (``set_fact``/``register`` in its tasks). The playbook-level inputs without a role
@@ -10,7 +10,10 @@ One mechanism for every role and playbook. The source of truth is the roles' met
   ``model_store_hosts``, ...) are the options of ``roles/input_check``'s ``main`` entry point.
 - The value of each option the user set is checked against that option's type and choices.
 - Each model profile is checked against one nested schema, the ``profile`` entry point of
-  ``roles/input_check/meta/argument_specs.yml``: required keys, types, choices, unknown keys refused.
+  ``roles/input_check/meta/argument_specs.yml`` together with the ``profile`` entry point of each engine role (its
+  own keys): required keys, types, choices, unknown keys refused.
+- What is engine-specific (the flags that carry keys, the variables that must differ) comes from the engine roster,
+  ``meta/engines.yml``; argument-spec choices written as a roster query are resolved against it.
 
 Play variables and role defaults are ours, not the user's: only the host's variables are read
 (``hostvars``: inventory, extra vars, facts), so a play's ``vars:`` never trips the check.
@@ -35,6 +38,8 @@ try:  # the plugin runs inside Ansible; the pure functions below are tested with
     from ansible.plugins.action import ActionBase
 except ImportError:  # pragma: no cover
     ActionBase = object  # type: ignore[assignment,misc]
+
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import RosterError, load_roster
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 CHECK_ROLE = "input_check"
@@ -90,9 +95,9 @@ def load_catalog(roles_dir: Path = ROLES_DIR) -> Catalog:
         role = role_dir.name
         specs = (_yaml(role_dir / "meta" / "argument_specs.yml") or {}).get("argument_specs", {})
         catalog.prefixes[f"{role}_"] = role
-        if role == CHECK_ROLE:
-            catalog.profile_schema = specs.get(PROFILE_ENTRY_POINT, {}).get("options", {})
-            specs = {k: v for k, v in specs.items() if k != PROFILE_ENTRY_POINT}
+        # The profile schema: input_check's `profile` entry point and each engine role's (its own keys).
+        catalog.profile_schema.update(specs.get(PROFILE_ENTRY_POINT, {}).get("options") or {})
+        specs = {k: v for k, v in specs.items() if k != PROFILE_ENTRY_POINT}
         for entry_point in specs.values():
             for name, spec in (entry_point.get("options") or {}).items():
                 catalog.options.setdefault(name, (role, spec))
@@ -138,10 +143,25 @@ def unknown_variables(names: list[str], catalog: Catalog) -> list[str]:
     return messages
 
 
-def _strip_for_type_check(spec: dict) -> dict:
+# The one templated value argument specs hold: the engine roster's names as the choices of an engine option.
+ROSTER_NAMES = "{{ query('blackwell.serving.engine_roster', 'name') }}"
+
+
+def resolve_choices(spec: dict, roster: dict[str, dict]) -> dict:
+    """The spec with roster-query choices replaced by the roster's names; any other templated choices fail."""
+    choices = spec.get("choices")
+    if not isinstance(choices, str):
+        return spec
+    if choices.strip() != ROSTER_NAMES:
+        raise ValueError(f"choices {choices!r}: the only templated choices an argument spec may hold are "
+                         f"{ROSTER_NAMES}")
+    return {**spec, "choices": list(roster)}
+
+
+def _strip_for_type_check(spec: dict, roster: dict[str, dict]) -> dict:
     """An option spec that checks type and choices of a given value only (defaults and requirements
     belong to the role entry)."""
-    spec = copy.deepcopy(spec)
+    spec = resolve_choices(copy.deepcopy(spec), roster)
     for key in ("required", "default", "description", "version_added"):
         spec.pop(key, None)
     for sub in (spec.get("options") or {}).values():
@@ -150,14 +170,14 @@ def _strip_for_type_check(spec: dict) -> dict:
     return spec
 
 
-def mistyped_variables(values: dict[str, Any], catalog: Catalog) -> list[str]:
+def mistyped_variables(values: dict[str, Any], catalog: Catalog, roster: dict[str, dict]) -> list[str]:
     """One message per given option whose value does not fit its spec (type, choices, suboptions)."""
     messages = []
     for name in sorted(values):
         if name not in catalog.options:
             continue
         role, spec = catalog.options[name]
-        result = ArgumentSpecValidator({name: _strip_for_type_check(spec)}).validate({name: values[name]})
+        result = ArgumentSpecValidator({name: _strip_for_type_check(spec, roster)}).validate({name: values[name]})
         secret = values[name] if spec.get("no_log") and isinstance(values[name], str) and values[name] else None
         for error in result.error_messages:
             messages.append(f"variable {name} (role {role}): {error.replace(secret, '********') if secret else error}")
@@ -178,7 +198,7 @@ def _unknown_keys(value: Any, schema: dict, path: str) -> list[str]:
     return messages
 
 
-def _profile_rules(profile: dict) -> list[str]:
+def _profile_rules(profile: dict, roster: dict[str, dict]) -> list[str]:
     """What types cannot say: ranges, absolute paths, speculation needs a drafter."""
     messages = []
     if profile["tensor_parallel_size"] < 1:
@@ -192,30 +212,33 @@ def _profile_rules(profile: dict) -> list[str]:
         messages.append("speculative is set but drafter is null: speculation needs a drafter")
     if profile.get("trust_remote_code"):
         messages += _unpinned_remote_code(profile)
-    messages += keys_in_options({name: profile.get(name) for name in ("sglang_options", "vllm_options")}, "the profile")
+    messages += keys_in_options({f"{engine}_options": profile.get(f"{engine}_options") for engine in roster},
+                                "the profile", roster)
     return messages
 
 
-# The engines' key flags: secrets, given by their own no_log variables (written only into root-only files).
-KEY_FLAGS = {"sglang": ("api-key", "admin-api-key"), "vllm": ("api-key",)}
-
-
-def keys_in_options(options: dict[str, Any], where: str) -> list[str]:
-    """A key among an engine's flags (a profile's sglang_options, the sglang_extra_options variable, ...: the
-    mapping's name starts with the engine's) would be kept in `where`, release.json and every report."""
+def keys_in_options(options: dict[str, Any], where: str, roster: dict[str, dict]) -> list[str]:
+    """A key among an engine's flags (the roster's secret_flags, in a profile's <engine>_options, the
+    <engine>_extra_options variable, ...: the mapping's name starts with the engine's) would be kept in `where`,
+    release.json and every report; keys are given by the engine's own no_log variables (root-only files)."""
     return [f"{name}.{flag} is a secret: set {engine}_{flag.replace('-', '_')} (from a vault) instead; options are "
             f"kept in {where}, the release metadata and the reports"
             for name, value in options.items() if isinstance(value, dict)
-            for engine in [name.split("_", 1)[0]] for flag in KEY_FLAGS.get(engine, ()) if flag in value]
+            for engine in roster if name.startswith(f"{engine}_")
+            for flag in roster[engine]["secret_flags"] if flag in value]
 
 
-def same_admin_and_api_key(given: dict[str, Any]) -> list[str]:
-    """SGLang's admin key must not be its API key: every API client would be an admin again."""
-    admin, api = given.get("sglang_admin_api_key"), given.get("sglang_api_key")
-    if admin and admin == api:
-        return ["sglang_admin_api_key equals sglang_api_key: every API client would be an SGLang admin; leave it "
-                "empty (the host makes one) or give it a value of its own"]
-    return []
+def same_secrets(given: dict[str, Any], roster: dict[str, dict]) -> list[str]:
+    """Variables an engine's roster entry says must differ (SGLang's admin key is not its API key: every API
+    client would be an admin again)."""
+    messages = []
+    for entry in roster.values():
+        names = entry["distinct_secrets"]
+        for index, first in enumerate(names):
+            messages += [f"{first} equals {second}: {entry['name']} needs them to differ (one unlocks more than the "
+                         "other); leave the second empty where the host makes one, or give it a value of its own"
+                         for second in names[index + 1:] if given.get(first) and given.get(first) == given.get(second)]
+    return messages
 
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -237,7 +260,7 @@ def _unpinned_remote_code(profile: dict) -> list[str]:
     return messages
 
 
-def check_profile(name: str, profile: Any, schema: dict) -> tuple[dict | None, list[str]]:
+def check_profile(name: str, profile: Any, schema: dict, roster: dict[str, dict]) -> tuple[dict | None, list[str]]:
     """Validate one profile; return it with the defaults of optional keys filled in, and the errors."""
     if not isinstance(profile, dict):
         return None, [f"profile {name}: must be a mapping, got {type(profile).__name__}"]
@@ -246,7 +269,7 @@ def check_profile(name: str, profile: Any, schema: dict) -> tuple[dict | None, l
     messages += [e.args[0] if e.args else str(e) for e in result.errors if not isinstance(e, UnsupportedError)]
     if not messages:
         normalized = result.validated_parameters
-        messages += _profile_rules(normalized)
+        messages += _profile_rules(normalized, roster)
         if normalized.get("tokenizer") is None:
             normalized["tokenizer"] = normalized["model"]["path"]
         for kind in ("model", "drafter"):  # a source keeps only the keys it was given (model_fetch's own defaults)
@@ -282,7 +305,7 @@ def bad_profile_name(name: str) -> list[str]:
             "with a letter or digit (it names the unit's description, the release and the report folders)"]
 
 
-def check_profiles(profiles: Any, schema: dict) -> tuple[dict, list[str]]:
+def check_profiles(profiles: Any, schema: dict, roster: dict[str, dict]) -> tuple[dict, list[str]]:
     if not isinstance(profiles, dict):
         return {}, [f"engine_profiles must be a mapping of profile name to profile, got {type(profiles).__name__}"]
     normalized, messages = {}, []
@@ -291,7 +314,7 @@ def check_profiles(profiles: Any, schema: dict) -> tuple[dict, list[str]]:
         if refused:
             messages += refused
             continue
-        checked, errors = check_profile(str(name), profile, schema)
+        checked, errors = check_profile(str(name), profile, schema, roster)
         messages += errors
         if checked is not None:
             normalized[name] = checked
@@ -343,6 +366,11 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self._task.args
         catalog = cached_catalog(str(ROLES_DIR))
+        try:
+            roster = load_roster()
+        except RosterError as exc:
+            result.update(failed=True, msg=f"1 input error(s), nothing was changed:\n{exc}")
+            return result
         errors = placeholder_host(str(task_vars.get("inventory_hostname", "")), task_vars.get("inventory_file"))
 
         if args.get("variables", True):
@@ -350,11 +378,12 @@ class ActionModule(ActionBase):
             names = [n for n in raw if owner_of(n, catalog) or n in RESERVED_NAMES]
             errors += unknown_variables(names, catalog)
             given = self._given_values(names, catalog, templated)
-            errors += mistyped_variables(given, catalog)
+            errors += mistyped_variables(given, catalog, roster)
             # Strings reach unit files, config files and command lines: a control character is never meant.
             errors += [m for name, value in sorted(given.items()) for m in control_characters(value, name)]
-            errors += same_admin_and_api_key(given)
-            errors += keys_in_options({n: v for n, v in given.items() if n.endswith("_options")}, "the inventory")
+            errors += same_secrets(given, roster)
+            errors += keys_in_options({n: v for n, v in given.items() if n.endswith("_options")}, "the inventory",
+                                      roster)
             if "engine_profile" in raw:
                 errors += bad_profile_name(str(self._templar.template(raw["engine_profile"])))
 
@@ -362,7 +391,7 @@ class ActionModule(ActionBase):
         normalized: dict = {}
         if profiles is not None:
             profiles = self._templar.template(profiles)
-            normalized, profile_errors = check_profiles(profiles, catalog.profile_schema)
+            normalized, profile_errors = check_profiles(profiles, catalog.profile_schema, roster)
             errors += profile_errors
             if args.get("variables", True) and isinstance(profiles, dict) and "engine_profile" in task_vars:
                 errors += missing_profile(str(self._templar.template(task_vars["engine_profile"])), profiles,

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# Where an engine that thought anyway puts its reasoning: SGLang 0.5.23 `reasoning_content`
-# (srt/entrypoints/openai/protocol.py ChatMessage), vLLM 0.33.0 `reasoning`
-# (entrypoints/openai/chat_completion/protocol.py).
-REASONING_FIELDS = {"sglang": "reasoning_content", "vllm": "reasoning"}
+# Where an engine that thought anyway may put its reasoning (the engine roster's reasoning_field names the engine's
+# own; a reply carrying another of these is read from that one).
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -24,10 +23,11 @@ def contains_number(text: str, number: int) -> bool:
     return re.search(rf"(^|[^0-9]){number}([^0-9]|$)", text.replace(",", "")) is not None
 
 
-def smoke_answer(reply: dict[str, Any], expected: Any, engine: str) -> dict[str, Any]:
+def smoke_answer(reply: dict[str, Any], expected: Any, reasoning_field: str) -> dict[str, Any]:
     """The parts of one chat-completion reply (engine_requests' form) that the smoke checks and reports.
 
-    `found` is "content", the reasoning field's name, or "" when the expected number is in neither; `answered` is
+    `reasoning_field` is the engine's (the roster's `reasoning_field`). `found` is "content", the reasoning field's
+    name, or "" when the expected number is in neither; `answered` is
     true when the reply is HTTP 200 with the number found and at least one completion token.
     """
     reply = _mapping(reply)
@@ -35,8 +35,8 @@ def smoke_answer(reply: dict[str, Any], expected: Any, engine: str) -> dict[str,
     choices = body.get("choices")
     choice = _mapping(choices[0]) if isinstance(choices, list) and choices else {}
     message = _mapping(choice.get("message"))
-    reasoning_field = next((field for field in ("reasoning_content", "reasoning") if _text(message.get(field))),
-                           REASONING_FIELDS.get(engine, "reasoning"))
+    reasoning_field = next((field for field in (reasoning_field, *REASONING_FIELDS) if _text(message.get(field))),
+                           reasoning_field)
     content, reasoning = _text(message.get("content")), _text(message.get(reasoning_field))
     number = int(expected)
     found = "content" if contains_number(content, number) else (

@@ -28,6 +28,14 @@ options:
     description: The engine unit.
     type: str
     required: true
+  programs:
+    description:
+      - Programs (the basename of the unit's C(ExecStart) program) whose C(PROGRAM serve --config FILE) units drain
+        this way; a unit running anything else is left to its own stop. engine_service passes the engine roster's
+        C(drain_program) of every engine that has one.
+    type: list
+    elements: str
+    required: true
   timeout_s:
     description: How long in-flight requests may run on after SIGTERM before they are aborted.
     type: int
@@ -52,8 +60,9 @@ attributes:
 
 EXAMPLES = r"""
 - name: Drain SGLang for at most 30 s before it is stopped
-  engine_drain:
+  blackwell.serving.engine_drain:
     unit: sglang.service
+    programs: [sglang]
     timeout_s: 30
 """
 
@@ -98,9 +107,9 @@ def exec_start_argv(unit_text: str) -> list[str]:
     return []
 
 
-def sglang_config_path(argv: list[str]) -> str | None:
-    """The --config file of `sglang serve --config FILE`; None for anything else."""
-    if len(argv) < 4 or "sglang" not in os.path.basename(argv[0]) or argv[1] != "serve" or "--config" not in argv:
+def serve_config_path(argv: list[str], programs: list[str]) -> str | None:
+    """The --config file of `PROGRAM serve --config FILE` for one of `programs`; None for anything else."""
+    if len(argv) < 4 or os.path.basename(argv[0]) not in programs or argv[1] != "serve" or "--config" not in argv:
         return None
     index = argv.index("--config")
     return argv[index + 1] if index + 1 < len(argv) else None
@@ -156,7 +165,7 @@ def is_active(unit: str) -> bool:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"unit": {"type": "str", "required": True}, "timeout_s": {"type": "int", "default": 30},
-                       "unit_dir": {"type": "path"}},
+                       "programs": {"type": "list", "elements": "str", "required": True}, "unit_dir": {"type": "path"}},
         supports_check_mode=True,
     )
     unit, bound = module.params["unit"], module.params["timeout_s"]
@@ -165,11 +174,12 @@ def main() -> None:
         module.exit_json(**result, message=f"{unit} is not running")
     try:
         with open(unit_file(unit, module.params["unit_dir"]), encoding="utf-8") as handle:
-            config_path = sglang_config_path(exec_start_argv(handle.read()))
+            config_path = serve_config_path(exec_start_argv(handle.read()), module.params["programs"])
     except OSError:
         config_path = None
     if config_path is None:
-        module.exit_json(**result, message=f"{unit} does not run `sglang serve --config`: its own stop applies")
+        module.exit_json(**result, message=f"{unit} does not run `<{'|'.join(module.params['programs'])}> serve "
+                         "--config`: its own stop applies")
     if module.check_mode:
         module.exit_json(**{**result, "changed": True},
                          message=f"would send SIGTERM to {unit} and abort what is in flight after {bound} s")

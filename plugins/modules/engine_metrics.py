@@ -23,10 +23,11 @@ options:
     type: str
     required: true
   prefixes:
-    description: Keep only metrics whose name starts with one of these. An empty list keeps everything.
+    description: Keep only metrics whose name starts with one of these (the verify role passes the engine's roster
+      C(metrics.prefix)). An empty list keeps everything.
     type: list
     elements: str
-    default: ['sglang:', 'vllm:']
+    required: true
   api_key:
     description:
       - Sent as C(Authorization Bearer) when set. Both engines serve C(/metrics) without the key; this is
@@ -93,7 +94,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
-            "prefixes": {"type": "list", "elements": "str", "default": ["sglang:", "vllm:"]},
+            "prefixes": {"type": "list", "elements": "str", "required": True},
             "api_key": {"type": "str", "no_log": True},
             "timeout_s": {"type": "float", "default": 30.0},
         },

@@ -75,16 +75,17 @@ author: the blackwell-llm-serving authors (!UNKNOWN)
 options:
   units:
     description: systemd units whose cgroup members are targets (stop them before calling this module, or set
-      O(stop_units)); the engines' units by default.
+      O(stop_units)). The gpu_release role passes every engine's unit from the engine roster
+      (C(query('blackwell.serving.engine_roster', 'unit'))).
     type: list
     elements: str
-    default: [sglang.service, vllm.service]
+    required: true
   patterns:
-    description: Engine patterns (see the description for the matching rules).
+    description: Engine patterns (see the description for the matching rules). The gpu_release role passes every
+      engine's C(process_patterns) from the engine roster.
     type: list
     elements: str
-    default: ['sglang::*', 'sglang.launch_server', 'sglang serve', 'VLLM::*', 'vllm serve',
-              'vllm.entrypoints.openai.api_server']
+    required: true
   protected:
     description: Names (shell wildcards) of processes never signalled, matched against comm, argv[0],
       its basename and the program.
@@ -166,10 +167,11 @@ options:
     choices: [default, host]
     default: default
   service_users:
-    description: The engines' service users (names or uids); names that are no user on this host are skipped.
+    description: The engines' service users (names or uids); names that are no user on this host are skipped. The
+      gpu_release role passes every engine's C(service_user) from the engine roster.
     type: list
     elements: str
-    default: [sglang, vllm]
+    required: true
   stop_units:
     description: Stop and disable O(units) first (systemd only) and check afterwards that they are down.
     type: bool
@@ -222,30 +224,41 @@ attributes:
 
 EXAMPLES = r"""
 - name: Release the GPUs held by the engine units and stray engine processes
-  gpu_release:
-    units: [sglang.service, vllm.service]
+  blackwell.serving.gpu_release:
+    units: "{{ query('blackwell.serving.engine_roster', 'unit') }}"
+    patterns: "{{ query('blackwell.serving.engine_roster', 'process_patterns') }}"
+    service_users: "{{ query('blackwell.serving.engine_roster', 'service_user') }}"
     grace_s: 10
-    shm_owner: [sglang]
 
 - name: Before a switch, fail naming any foreign process on the GPUs the engine needs
-  gpu_release:
+  blackwell.serving.gpu_release:
     units: [sglang.service, vllm.service]
+    patterns: ["sglang::*", "sglang serve", "VLLM::*", "vllm serve"]
+    service_users: [sglang, vllm]
     gpus: ["0", "1"]
     report_only: true
     fail_on_foreign_holders: true
 
 - name: Engines started by hand over ssh (any user, in a login session)
-  gpu_release:
+  blackwell.serving.gpu_release:
+    units: []
+    patterns: "{{ query('blackwell.serving.engine_roster', 'process_patterns') }}"
+    service_users: []
     scope: host
 
 - name: Teardown - stop and disable the units, release, record in state.json that nothing serves
-  gpu_release:
-    units: [sglang.service, vllm.service]
+  blackwell.serving.gpu_release:
+    units: "{{ query('blackwell.serving.engine_roster', 'unit') }}"
+    patterns: "{{ query('blackwell.serving.engine_roster', 'process_patterns') }}"
+    service_users: "{{ query('blackwell.serving.engine_roster', 'service_user') }}"
     stop_units: true
     state_dir: /var/lib/llm-serving
 
 - name: Tests point it at a GPU simulator and stand-in device files
-  gpu_release:
+  blackwell.serving.gpu_release:
+    units: [engine.service]
+    patterns: ["engine::*"]
+    service_users: [engine]
     nvidia_smi: /tmp/sim/nvidia-smi
     driver_proc_dir: /tmp/sim/proc-driver-nvidia
     dev_dir: /tmp/sim/dev

@@ -98,9 +98,9 @@ options:
     type: str
     default: systemd-run
   engine:
-    description: Whose in-process NCCL/CUDA settings the ranks apply (SGLang's or vLLM's, as their code sets them).
+    description: Whose in-process NCCL/CUDA settings the ranks apply (SGLang's or vLLM's, as their code sets them); an
+      engine name of the roster the proof script does not model (or C(none)) applies none.
     type: str
-    choices: [none, sglang, vllm]
     default: none
   engine_flags:
     description: The profile's engine switches that change those settings (C(enable-symm-mem), C(enable-nccl-nvls)).
@@ -299,7 +299,7 @@ def main() -> None:
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "systemd_run": {"type": "str", "default": "systemd-run"},
             "fabric_sources": {"type": "dict", "default": {}},
-            "engine": {"type": "str", "choices": ["none", "sglang", "vllm"], "default": "none"},
+            "engine": {"type": "str", "default": "none"},
             "engine_flags": {"type": "list", "elements": "str", "default": []},
             "custom_all_reduce": {"type": "bool", "default": False},
         },

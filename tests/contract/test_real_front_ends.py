@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "scripted_engine"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
 import engine_venv
 from front_end import RealFrontEnd
-from module_utils_loader import load_library_module, load_module_util
+from module_utils_loader import load_library_module, load_module_util, load_plugin_util
 from verify_helpers import EngineDouble
 
 pytestmark = pytest.mark.contract
@@ -37,6 +37,9 @@ pytestmark = pytest.mark.contract
 API_KEY = "sk-real-front-end-Zq7"
 ADMIN_KEY = "admin-real-front-end-Kd3"  # SGLang's admin_api_key, as the sglang role always sets one
 metrics = load_module_util("engine.metrics")
+# The counter names the verify role reads, from the engine roster (meta/engines.yml): checked here against the real
+# front ends' /metrics.
+ROSTER_METRICS = {name: entry["metrics"] for name, entry in load_plugin_util("engine_roster").load_roster().items()}
 
 
 def engine_python(engine: str) -> Path:
@@ -131,12 +134,12 @@ def test_metrics_have_the_counters_verify_reads(engine: RealFrontEnd) -> None:
     assert engine.chat("What is 5 + 6?", thinking=False)[0] == 200
     deadline = time.monotonic() + 15  # SGLang's scheduler pushes its metrics; vLLM's loggers log on an interval
     after = counters()
-    generation = metrics.GENERATION_COUNTER[engine.flavour]
+    generation = ROSTER_METRICS[engine.flavour]["generation_tokens"]
     while after.get(generation, 0) <= before.get(generation, 0) and time.monotonic() < deadline:
         time.sleep(0.5)
         after = counters()
     assert after.get(generation, 0) > before.get(generation, 0), sorted(after)[:40]
-    assert metrics.has_speculative_counters(engine.flavour, after), sorted(after)
+    assert metrics.has_speculative_counters(ROSTER_METRICS[engine.flavour], after), sorted(after)
 
 
 # --- the keys stay secret (issue 25) -------------------------------------------------------------------------------
@@ -408,7 +411,8 @@ def test_the_double_behaves_as_the_real_front_end(engine: RealFrontEnd, doubles:
 
 
 def test_every_metric_the_gates_read_from_the_double_is_a_real_metric(engine: RealFrontEnd, doubles: dict) -> None:
-    read = {metrics.GENERATION_COUNTER[engine.flavour], *metrics.SPECULATIVE_COUNTERS[engine.flavour]}
+    counters = ROSTER_METRICS[engine.flavour]
+    read = {counters["generation_tokens"], *metrics.speculative_counter_names(counters)}
     double_names = {name.split("{")[0] for name in _observe_metric_names(doubles[engine.flavour])}
     real_names = {name.split("{")[0] for name in _observe_metric_names(engine)}
     assert read <= double_names, sorted(read - double_names)

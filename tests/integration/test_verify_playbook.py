@@ -505,7 +505,7 @@ def _adhoc_engine_metrics(url: str) -> dict:
     result = subprocess.run(
         [str(program) if program.exists() else "ansible", "localhost", "-c", "local", "-i", "localhost,",
          "-e", f"ansible_python_interpreter={sys.executable}", "-m", "blackwell.serving.engine_metrics",
-         "-a", f"url={url}", "-o"],
+         "-a", f"url={url} prefixes=vllm:,sglang:", "-o"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert "=>" in result.stdout, result.stdout + result.stderr
     return json.loads(result.stdout.split("=>", 1)[1])

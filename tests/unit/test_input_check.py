@@ -31,6 +31,7 @@ def _load_plugin():
 
 ic = _load_plugin()
 CATALOG = ic.load_catalog(ROLES)
+ROSTER = ic.load_roster()
 ROLE_NAMES = sorted(p.name for p in ROLES.iterdir() if (p / "meta" / "argument_specs.yml").is_file())
 PROFILES = {
     inventory: yaml.safe_load((REPO / "inventory" / inventory / "group_vars" / "all" / "models.yml").read_text())[
@@ -97,7 +98,7 @@ def test_every_option_of_every_spec_is_known() -> None:
     for role in ROLE_NAMES:
         specs = load(ROLES / role / "meta" / "argument_specs.yml")["argument_specs"]
         for entry_point, spec in specs.items():
-            if role == "input_check" and entry_point == "profile":
+            if entry_point == "profile":  # profile keys, not variables (input_check and the engine roles)
                 continue
             assert ic.unknown_variables(list(spec.get("options", {})), CATALOG) == [], (role, entry_point)
 
@@ -111,7 +112,7 @@ def test_the_catalogue_reads_a_new_option_from_a_spec(tmp_path: Path) -> None:
     assert ic.unknown_variables(["newrole_knob"], catalog) == []
     assert ic.unknown_variables(["newrole_knbo"], catalog) == [
         "unknown variable newrole_knbo: not an option of role newrole (did you mean newrole_knob?)"]
-    mistyped = ic.mistyped_variables({"newrole_knob": "many"}, catalog)
+    mistyped = ic.mistyped_variables({"newrole_knob": "many"}, catalog, ROSTER)
     assert mistyped[0].startswith("variable newrole_knob (role newrole)")
 
 
@@ -121,7 +122,7 @@ def test_the_catalogue_reads_a_new_option_from_a_spec(tmp_path: Path) -> None:
 def test_a_mistyped_option_is_refused_naming_it() -> None:
     messages = ic.mistyped_variables(
         {"sglang_ready_timeout_s": "soon", "sglang_gate": "always", "vllm_ready_timeout_s": "60", "engine": "tgi"},
-        CATALOG)
+        CATALOG, ROSTER)
     assert len(messages) == 3, messages
     assert messages[0].startswith("variable engine (role input_check): value of engine must be one of: sglang, vllm")
     assert messages[1].startswith("variable sglang_gate (role sglang): value of sglang_gate must be one of")
@@ -130,7 +131,7 @@ def test_a_mistyped_option_is_refused_naming_it() -> None:
 
 def test_a_secret_value_is_not_echoed_in_a_type_error() -> None:
     catalog = ic.Catalog(options={"x_pin": ("x", {"type": "int", "no_log": True, "description": "a secret"})})
-    messages = ic.mistyped_variables({"x_pin": "s3cret-value"}, catalog)
+    messages = ic.mistyped_variables({"x_pin": "s3cret-value"}, catalog, ROSTER)
     assert len(messages) == 1 and messages[0].startswith("variable x_pin (role x):")
     assert "s3cret-value" not in messages[0] and "********" in messages[0]
 
@@ -141,7 +142,7 @@ def test_a_secret_value_is_not_echoed_in_a_type_error() -> None:
 @pytest.mark.parametrize("inventory", sorted(PROFILES))
 def test_the_example_profiles_pass_and_come_back_complete(inventory: str) -> None:
     profiles = pinned(PROFILES[inventory])
-    normalized, errors = ic.check_profiles(profiles, CATALOG.profile_schema)
+    normalized, errors = ic.check_profiles(profiles, CATALOG.profile_schema, ROSTER)
     assert errors == []
     for name, profile in normalized.items():
         assert set(profile) == set(CATALOG.profile_schema), name
@@ -150,7 +151,7 @@ def test_the_example_profiles_pass_and_come_back_complete(inventory: str) -> Non
 
 
 def test_the_example_remote_code_profiles_wait_for_a_reviewed_commit() -> None:
-    _, errors = ic.check_profiles(PROFILES["production"], CATALOG.profile_schema)
+    _, errors = ic.check_profiles(PROFILES["production"], CATALOG.profile_schema, ROSTER)
     assert errors == [
         f"profile {name}: trust_remote_code is true, so the Python files of {repo} run on the host, but {kind}.source"
         ".revision is not set (main), not a commit id (a branch or tag can move under the same name): set it to the "
@@ -165,7 +166,7 @@ def test_the_example_remote_code_profiles_wait_for_a_reviewed_commit() -> None:
 def test_remote_code_from_the_hub_runs_only_at_a_commit(revision: str, refused: bool) -> None:
     profile = _kimi()
     profile["model"]["source"]["revision"] = revision
-    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER)
     assert bool(errors) is refused, errors
     if refused:
         assert errors == [f"profile kimi: trust_remote_code is true, so the Python files of moonshotai/Kimi-K2.5 "
@@ -173,9 +174,9 @@ def test_remote_code_from_the_hub_runs_only_at_a_commit(revision: str, refused: 
                           "tag can move under the same name): set it to the 40-character commit id whose code you "
                           "reviewed (the Hub's 'Files and versions' history)"]
     # Without remote code, or from a source the operator controls, any revision will do.
-    assert ic.check_profile("kimi", profile | {"trust_remote_code": False}, CATALOG.profile_schema)[1] == []
+    assert ic.check_profile("kimi", profile | {"trust_remote_code": False}, CATALOG.profile_schema, ROSTER)[1] == []
     profile["model"]["source"] = {"type": "http", "url": "https://mirror.internal/kimi"}
-    assert ic.check_profile("kimi", profile, CATALOG.profile_schema)[1] == []
+    assert ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER)[1] == []
 
 
 def _kimi() -> dict:
@@ -185,7 +186,7 @@ def _kimi() -> dict:
 def test_an_engine_key_in_a_profiles_options_is_refused_naming_the_variable_to_use() -> None:
     profile = _kimi() | {"sglang_options": {"api-key": "sk-1", "admin-api-key": "adm-2"},
                          "vllm_options": {"api-key": "sk-3"}}
-    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER)
     tail = "(from a vault) instead; options are kept in the profile, the release metadata and the reports"
     assert errors == [f"profile kimi: sglang_options.api-key is a secret: set sglang_api_key {tail}",
                       f"profile kimi: sglang_options.admin-api-key is a secret: set sglang_admin_api_key {tail}",
@@ -197,21 +198,28 @@ def test_an_engine_key_in_the_option_variables_is_refused_naming_the_variable_to
     given = {"sglang_extra_options": {"admin-api-key": "adm-2", "log-level": "info"},
              "vllm_extra_options": {"api-key": "sk-3"}, "sglang_default_options": {"enable-metrics": True}}
     tail = "(from a vault) instead; options are kept in the inventory, the release metadata and the reports"
-    assert ic.keys_in_options(given, "the inventory") == [
+    assert ic.keys_in_options(given, "the inventory", ROSTER) == [
         f"sglang_extra_options.admin-api-key is a secret: set sglang_admin_api_key {tail}",
         f"vllm_extra_options.api-key is a secret: set vllm_api_key {tail}"]
 
 
 @pytest.mark.parametrize(("admin", "refused"), [("same-Key-1", True), ("", False), ("other-Key-2", False)])
 def test_sglang_admin_key_must_not_be_the_api_key(admin: str, refused: bool) -> None:
-    errors = ic.same_admin_and_api_key({"sglang_api_key": "same-Key-1", "sglang_admin_api_key": admin})
-    assert errors == (["sglang_admin_api_key equals sglang_api_key: every API client would be an SGLang admin; leave "
-                       "it empty (the host makes one) or give it a value of its own"] if refused else [])
+    errors = ic.same_secrets({"sglang_api_key": "same-Key-1", "sglang_admin_api_key": admin}, ROSTER)
+    assert errors == (["sglang_api_key equals sglang_admin_api_key: sglang needs them to differ (one unlocks more "
+                       "than the other); leave the second empty where the host makes one, or give it a value of its "
+                       "own"] if refused else [])
+
+
+def test_templated_choices_other_than_the_roster_query_are_refused() -> None:
+    assert ic.resolve_choices({"type": "str", "choices": ic.ROSTER_NAMES}, ROSTER)["choices"] == list(ROSTER)
+    with pytest.raises(ValueError, match="the only templated choices"):
+        ic.resolve_choices({"type": "str", "choices": "{{ ['a'] }}"}, ROSTER)
 
 
 def test_tensor_parallel_size_eight_as_a_word_is_refused_naming_profile_and_key() -> None:
     profile = _kimi() | {"tensor_parallel_size": "eight"}
-    normalized, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    normalized, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER)
     assert normalized is None
     assert len(errors) == 1 and errors[0].startswith("profile kimi: argument 'tensor_parallel_size'")
     assert "int" in errors[0]
@@ -221,7 +229,7 @@ def test_a_misspelled_profile_key_is_refused_with_the_closest_key() -> None:
     profile = _kimi()
     profile["tensor_paralel_size"] = profile.pop("tensor_parallel_size")
     profile["speculative"]["num_step"] = profile["speculative"].pop("num_steps")
-    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER)
     assert "profile kimi: unknown key tensor_paralel_size (did you mean tensor_parallel_size?)" in errors
     assert "profile kimi: unknown key speculative.num_step (did you mean speculative.num_steps?)" in errors
     assert any("missing required arguments: tensor_parallel_size" in e for e in errors), errors
@@ -245,7 +253,7 @@ def test_a_misspelled_profile_key_is_refused_with_the_closest_key() -> None:
 def test_profile_errors_name_the_profile_and_the_key(change: dict, message: str) -> None:
     profile = _kimi() | change
     profile = {k: v for k, v in profile.items() if v is not None or k in ("drafter",)}
-    normalized, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema)
+    normalized, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER)
     assert normalized is None
     assert any(e.startswith("profile kimi: ") and message in e for e in errors), errors
 
@@ -261,7 +269,7 @@ INJECTED = "x\n[Service]\nExecStartPre=+/bin/touch /tmp/pwned"  # tried on a tes
 
 @pytest.mark.parametrize("name", [INJECTED, "a b", "-x", "kimi/../../etc", "", "k" * 65, "tab\tname"])
 def test_a_profile_name_that_is_not_a_plain_name_is_refused_before_anything(name: str) -> None:
-    normalized, errors = ic.check_profiles({name: _kimi(), "kimi": _kimi()}, CATALOG.profile_schema)
+    normalized, errors = ic.check_profiles({name: _kimi(), "kimi": _kimi()}, CATALOG.profile_schema, ROSTER)
     assert list(normalized) == ["kimi"]
     assert errors == [f"profile name {name!r} is not a plain name: letters, digits, '.', '_' and '-', at most 64, "
                       "starting with a letter or digit (it names the unit's description, the release and the report "
@@ -272,7 +280,7 @@ def test_a_control_character_in_any_string_of_a_profile_is_refused_naming_where(
     profile = _kimi()
     profile["served_model_name"] = "kimi\r\nExecStartPre=/bin/true"
     profile["model"]["source"] = {**profile["model"]["source"], "revision": "main\x1b[2J"}
-    _, errors = ic.check_profiles({"kimi": profile}, CATALOG.profile_schema)
+    _, errors = ic.check_profiles({"kimi": profile}, CATALOG.profile_schema, ROSTER)
     assert "profile kimi: served_model_name holds control characters (U+000A, U+000D)" in errors
     assert "profile kimi: model.source.revision holds control characters (U+001B)" in errors
 
@@ -294,7 +302,7 @@ def test_argument_specs_carry_the_values_of_defaults_main(role: str) -> None:
     defaults = load(defaults_file) if defaults_file.is_file() else {}
     specs = load(ROLES / role / "meta" / "argument_specs.yml")["argument_specs"]
     for entry_point, spec in specs.items():
-        if role == "input_check" and entry_point == "profile":
+        if entry_point == "profile":  # profile keys: their defaults are the profile's (input_check fills them in)
             continue
         for name, option in spec.get("options", {}).items():
             if name in defaults:

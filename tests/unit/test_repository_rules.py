@@ -170,3 +170,114 @@ def test_module_utils_are_packages_by_concern():
     packages = sorted(p for p in root.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert len(packages) >= 5, packages
     assert all((p / "__init__.py").is_file() and (p / "__init__.py").read_text() == "" for p in packages), packages
+
+
+# --- engine names live in the engine roster and the places that are one engine's ----------------------------------
+
+ROSTER = yaml.safe_load((REPO / "meta" / "engines.yml").read_text())["engines"]
+ENGINE_WORD = re.compile("|".join(rf"{name}|{name.upper()}" for name in ROSTER))
+# The committed list of paths (globs) that may name an engine in code. Everything else reads the engine roster.
+ENGINE_NAME_PATHS = (
+    "meta/engines.yml",                          # the roster
+    *(f"roles/{entry['role']}/" for entry in ROSTER.values()),  # the engine roles
+    *(f"**/*{name}*" for name in ROSTER),        # a file named after its engine (plugins/filter/vllm_flags.py, ...)
+    "*.yml", "playbooks/", "scripts/", ".ci/",   # entry points and playbooks (top-level *.yml are entry points)
+    "inventory/",                                # inventories
+    "docs/", "**/*.md",                          # docs
+    "tests/", "molecule/", "bench/",             # tests and benchmarks
+    # The interconnect proof models what each engine sets in its own process before its first NCCL call
+    # (SGLang's _set_envs_and_config, vLLM's batch-invariant NCCL settings; upstream files cited there) and keys its
+    # record on the engines' variable prefixes; the record (proof_record.py) must key on what the script reports.
+    "roles/engine_service/files/interconnect_proof.py",
+    "plugins/module_utils/release/proof_record.py",
+)
+# Prose is not code: descriptions, task names and messages may say "SGLang" or quote an upstream path.
+PROSE_KEYS = {"description", "short_description", "name", "msg", "fail_msg", "success_msg", "notes"}
+DOC_BLOCKS = {"DOCUMENTATION", "EXAMPLES", "RETURN"}
+
+
+def _python_code_words(text: str) -> list[tuple[int, str]]:
+    """Identifiers and string values of Python code, without docstrings and the module's documentation blocks."""
+    import ast
+
+    tree = ast.parse(text)
+    skipped = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                skipped.add(id(first.value))
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in DOC_BLOCKS for t in node.targets):
+            skipped.add(id(node.value))
+    words = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        for value in (getattr(node, "id", None), getattr(node, "attr", None), getattr(node, "arg", None),
+                      node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None,
+                      node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else None):
+            if isinstance(value, str):
+                words.append((getattr(node, "lineno", 0), value))
+    return words
+
+
+def _yaml_code_words(data: object, path: str = "") -> list[tuple[str, str]]:
+    """Keys and scalar values of YAML data, without the prose under PROSE_KEYS."""
+    if isinstance(data, dict):
+        return [word for key, value in data.items() for word in
+                [(path, str(key))] + ([] if key in PROSE_KEYS else _yaml_code_words(value, f"{path}.{key}"))]
+    if isinstance(data, list):
+        return [word for index, item in enumerate(data) for word in _yaml_code_words(item, f"{path}[{index}]")]
+    return [(path, data)] if isinstance(data, str) else []
+
+
+def engine_names_in_code(path: Path) -> list[str]:
+    text = path.read_text(errors="replace")
+    if not ENGINE_WORD.search(text):
+        return []
+    if path.suffix == ".py":
+        words = _python_code_words(text)
+    elif path.suffix in (".yml", ".yaml"):
+        words = _yaml_code_words(yaml.safe_load(text))
+    else:
+        words = [(n, line) for n, line in enumerate(text.splitlines(), 1) if not line.lstrip().startswith("#")]
+    return [f"{where}: {value[:70]}" for where, value in words if ENGINE_WORD.search(value)]
+
+
+def _in_engine_name_path(relative: str, pattern: str) -> bool:
+    """"dir/" holds everything under it, "**/glob" any file whose name matches, "glob" a top-level file."""
+    from fnmatch import fnmatchcase
+
+    if pattern.endswith("/"):
+        return relative.startswith(pattern)
+    if pattern.startswith("**/"):
+        return fnmatchcase(relative.rsplit("/", 1)[-1], pattern[3:])
+    return "/" not in relative.replace(pattern.rsplit("/", 1)[0] + "/", "", 1) and fnmatchcase(relative, pattern)
+
+
+def outside_engine_name_paths(relative: str) -> bool:
+    return not any(_in_engine_name_path(relative, pattern) for pattern in ENGINE_NAME_PATHS)
+
+
+def test_engine_names_only_in_the_roster_and_the_engines_own_paths():
+    """Adding an engine is the roster, its role and its entry point: the engine-neutral code names no engine."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    offenders = {relative: found for relative in tracked
+                 if outside_engine_name_paths(relative) and (REPO / relative).is_file()
+                 and not (REPO / relative).is_symlink() and (found := engine_names_in_code(REPO / relative))}
+    assert offenders == {}, f"read the engine from the roster (meta/engines.yml) instead: {offenders}"
+
+
+def test_the_engine_name_rule_sees_a_name_in_code_and_not_in_prose(tmp_path: Path):
+    code = tmp_path / "x.py"
+    code.write_text('"""Drains SGLang and sglang alike."""\n# sglang\nUNITS = ["sglang.service"]\n')
+    assert engine_names_in_code(code) == ["3: sglang.service"]
+    spec = tmp_path / "x.yml"
+    spec.write_text("a:\n  description: [runs sglang]\n  default: vllm\n")
+    assert engine_names_in_code(spec) == [".a.default: vllm"]
+    assert outside_engine_name_paths("plugins/modules/gpu_release.py")
+    assert outside_engine_name_paths("roles/gpu_release/defaults/main.yml"), "*.yml is the top level only"
+    assert not outside_engine_name_paths("roles/sglang/tasks/main.yml")
+    assert not outside_engine_name_paths("deploy_sglang.yml") and not outside_engine_name_paths("site.yml")
+    assert not outside_engine_name_paths("plugins/module_utils/release/proof_record.py")

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics as bws_metrics
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import load_roster
+
+VLLM_COUNTERS = load_roster()["vllm"]["metrics"]  # what the verify role passes as acceptance_counters
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "verify" / "files" / "verify_report.py"
@@ -37,7 +40,8 @@ KEY = {"engine": "vllm", "engine_version": "0.33.0", "model": "c0ffee",
 
 def inputs(**overrides) -> dict:
     base = {
-        "host": "gpu01", "engine": "vllm", "profile": "kimi", "mode": "full", "timestamp": "20261129T100000Z",
+        "host": "gpu01", "engine": "vllm", "acceptance_counters": VLLM_COUNTERS,
+        "profile": "kimi", "mode": "full", "timestamp": "20261129T100000Z",
         "speculative": True, "num_steps": 3, "base_url": "http://127.0.0.1:8000", "served_model_name": "kimi-k2.5",
         "test_double": {"detected": False, "header_x_engine_test_double": False, "marker": ""},
         "readiness": {"health_polls": 3}, "smoke": None, "since_start_accept_length": None,
@@ -48,10 +52,10 @@ def inputs(**overrides) -> dict:
             "levels": [
                 {"concurrency": 1, "num_prompts": 16, "workload": "sharegpt", "result": bench(54.6),
                  "metrics_available": True,
-                 "metrics_before": {bws_metrics.VLLM_DRAFTS: 0, bws_metrics.VLLM_DRAFT_TOKENS: 0,
-                                    bws_metrics.VLLM_ACCEPTED_TOKENS: 0},
-                 "metrics_after": {bws_metrics.VLLM_DRAFTS: 100, bws_metrics.VLLM_DRAFT_TOKENS: 300,
-                                   bws_metrics.VLLM_ACCEPTED_TOKENS: 45}},
+                 "metrics_before": {VLLM_COUNTERS['drafts']: 0, VLLM_COUNTERS['draft_tokens']: 0,
+                                    VLLM_COUNTERS['accepted_tokens']: 0},
+                 "metrics_after": {VLLM_COUNTERS['drafts']: 100, VLLM_COUNTERS['draft_tokens']: 300,
+                                   VLLM_COUNTERS['accepted_tokens']: 45}},
             ],
         },
         "baseline": {"1": 82.5},
@@ -176,10 +180,10 @@ def sampled_level(throughput: float, concurrency: int = 8) -> dict:
     return {"concurrency": concurrency, "num_prompts": 32, "workload": "sharegpt_sampled",
             "sampling": {"temperature": 0.6, "top_p": 0.95}, "result": bench(throughput, completed=32),
             "metrics_available": True,
-            "metrics_before": {bws_metrics.VLLM_DRAFTS: 0, bws_metrics.VLLM_DRAFT_TOKENS: 0,
-                               bws_metrics.VLLM_ACCEPTED_TOKENS: 0},
-            "metrics_after": {bws_metrics.VLLM_DRAFTS: 100, bws_metrics.VLLM_DRAFT_TOKENS: 300,
-                              bws_metrics.VLLM_ACCEPTED_TOKENS: 150}}
+            "metrics_before": {VLLM_COUNTERS['drafts']: 0, VLLM_COUNTERS['draft_tokens']: 0,
+                               VLLM_COUNTERS['accepted_tokens']: 0},
+            "metrics_after": {VLLM_COUNTERS['drafts']: 100, VLLM_COUNTERS['draft_tokens']: 300,
+                              VLLM_COUNTERS['accepted_tokens']: 150}}
 
 
 def with_sampled_level(run: dict, throughput: float) -> dict:

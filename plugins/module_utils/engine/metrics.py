@@ -25,18 +25,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"
-SGLANG_VERIFY_CALLS = "sglang:spec_verify_calls_total"
-VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
-VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-VLLM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
-VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"
-
-SPECULATIVE_COUNTERS = {
-    "sglang": (SGLANG_VERIFY_CALLS,),
-    "vllm": (VLLM_DRAFTS, VLLM_DRAFT_TOKENS, VLLM_ACCEPTED_TOKENS),
+# The counter names come from the engine roster (meta/engines.yml, each engine's `metrics`): a mapping of what each
+# counter counts to its name, and the scheme that says which counters there are.
+SCHEME_COUNTERS = {
+    "verify_calls": ("generation_tokens", "verify_calls"),
+    "draft_counters": ("generation_tokens", "drafts", "draft_tokens", "accepted_tokens"),
 }
-GENERATION_COUNTER = {"sglang": SGLANG_GENERATION_TOKENS, "vllm": VLLM_GENERATION_TOKENS}
 
 
 class MetricsError(ValueError):
@@ -145,30 +139,41 @@ class Acceptance:
                 "detail": self.detail, "problem": self.problem}
 
 
-def has_speculative_counters(engine: str, counters: dict[str, float]) -> bool:
+def _scheme(counters: dict[str, str]) -> str:
+    scheme = counters.get("acceptance")
+    if scheme not in SCHEME_COUNTERS:
+        raise MetricsError(f"unknown acceptance scheme {scheme!r}: expected one of {sorted(SCHEME_COUNTERS)}")
+    missing = [role for role in SCHEME_COUNTERS[scheme] if not counters.get(role)]
+    if missing:
+        raise MetricsError(f"the {scheme} scheme needs the counter names {', '.join(missing)}")
+    return scheme
+
+
+def speculative_counter_names(counters: dict[str, str]) -> tuple[str, ...]:
+    """The names of the counters speculative decoding increments (all but the generated tokens)."""
+    return tuple(counters[role] for role in SCHEME_COUNTERS[_scheme(counters)] if role != "generation_tokens")
+
+
+def has_speculative_counters(counters: dict[str, str], scraped: dict[str, float]) -> bool:
     """True when the engine exports the counters that speculative decoding increments."""
-    return all(name in counters for name in SPECULATIVE_COUNTERS[_check_engine(engine)])
+    return all(name in scraped for name in speculative_counter_names(counters))
 
 
-def _check_engine(engine: str) -> str:
-    if engine not in SPECULATIVE_COUNTERS:
-        raise MetricsError(f"unknown engine {engine!r}: expected one of {sorted(SPECULATIVE_COUNTERS)}")
-    return engine
-
-
-def window_acceptance(engine: str, before: dict[str, float], after: dict[str, float],
+def window_acceptance(engine: str, counters: dict[str, str], before: dict[str, float], after: dict[str, float], *,
                       num_steps: int | None = None, num_draft_tokens: int | None = None) -> Acceptance:
-    """Acceptance rate and length from the counter deltas between two /metrics scrapes (SGLang: the rate over
-    num_draft_tokens - 1 drafts per verify step, or num_steps where num_draft_tokens is unknown)."""
-    _check_engine(engine)
+    """Acceptance rate and length from the counter deltas between two /metrics scrapes. `counters` is the engine's
+    roster `metrics` (its scheme and counter names); the verify_calls scheme gives the rate over
+    num_draft_tokens - 1 drafts per verify step, or num_steps where num_draft_tokens is unknown."""
+    scheme = _scheme(counters)
     result = Acceptance(engine=engine)
-    if not has_speculative_counters(engine, after):
+    if not has_speculative_counters(counters, after):
         result.problem = "the engine exports no speculative-decoding counters (is speculation on?)"
         return result
-    delta = counter_deltas(before, after, (GENERATION_COUNTER[engine], *SPECULATIVE_COUNTERS[engine]))
-    if engine == "vllm":
-        drafts, draft_tokens = delta.get(VLLM_DRAFTS, 0.0), delta.get(VLLM_DRAFT_TOKENS, 0.0)
-        accepted = delta.get(VLLM_ACCEPTED_TOKENS, 0.0)
+    names = {role: counters[role] for role in SCHEME_COUNTERS[scheme]}
+    delta = counter_deltas(before, after, tuple(names.values()))
+    value = {role: delta.get(name, 0.0) for role, name in names.items()}
+    if scheme == "draft_counters":
+        drafts, draft_tokens, accepted = value["drafts"], value["draft_tokens"], value["accepted_tokens"]
         result.detail = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
         if drafts <= 0 or draft_tokens <= 0:
             result.problem = "no drafts over the window"
@@ -176,8 +181,7 @@ def window_acceptance(engine: str, before: dict[str, float], after: dict[str, fl
         result.rate = accepted / draft_tokens
         result.length = 1.0 + accepted / drafts
         return result
-    generated = delta.get(SGLANG_GENERATION_TOKENS, 0.0)
-    verify_calls = delta.get(SGLANG_VERIFY_CALLS, 0.0)
+    generated, verify_calls = value["generation_tokens"], value["verify_calls"]
     result.detail = {"generation_tokens": generated, "verify_calls": verify_calls}
     if verify_calls <= 0:
         result.problem = "no verify calls over the window"

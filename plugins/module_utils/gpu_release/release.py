@@ -43,19 +43,10 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.state im
 __all__ = ["ARGUMENT_SPEC", "ReleaseError", "release"]
 
 ARGUMENT_SPEC: dict[str, Any] = {
-    "units": {"type": "list", "elements": "str", "default": ["sglang.service", "vllm.service"]},
-    "patterns": {
-        "type": "list",
-        "elements": "str",
-        "default": [
-            "sglang::*",
-            "sglang.launch_server",
-            "sglang serve",
-            "VLLM::*",
-            "vllm serve",
-            "vllm.entrypoints.openai.api_server",
-        ],
-    },
+    # The engines' units, patterns and service users come from the engine roster (meta/engines.yml) through the
+    # gpu_release role; the module has no engine list of its own to drift from it.
+    "units": {"type": "list", "elements": "str", "required": True},
+    "patterns": {"type": "list", "elements": "str", "required": True},
     "protected": {
         "type": "list",
         "elements": "str",
@@ -99,7 +90,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "clean_shm": {"type": "bool", "default": True},
     "fail_on_foreign_holders": {"type": "bool", "default": False},
     "scope": {"type": "str", "default": "default", "choices": ["default", "host"]},
-    "service_users": {"type": "list", "elements": "str", "default": ["sglang", "vllm"]},
+    "service_users": {"type": "list", "elements": "str", "required": True},
     "stop_units": {"type": "bool", "default": False},
     "disable_units": {"type": "bool", "default": True},
     "report_only": {"type": "bool", "default": False},

@@ -515,8 +515,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     parser.add_argument("--sizes-mib", default="1,64,256",
                         type=lambda s: [float(x) for x in s.split(",") if x.strip()])
-    parser.add_argument("--engine", choices=["none", "sglang", "vllm"], default="none",
-                        help="set the NCCL/CUDA variables this engine sets in its own process")
+    parser.add_argument("--engine", default="none",
+                        help="set the NCCL/CUDA variables this engine sets in its own process (sglang, vllm; any "
+                        "other name: none)")
     parser.add_argument("--engine-flags", default="", help=f"the profile's engine switches that shape them: "
                         f"{', '.join(ENGINE_FLAGS)}", type=lambda s: [x.strip() for x in s.split(",") if x.strip()])
     parser.add_argument("--custom-all-reduce", action="store_true",

@@ -22,8 +22,8 @@ from pathlib import Path
 SRC_BENCH = "bench client JSON {key}"
 SRC_WINDOW = "Δ/metrics counters over the benchmark window"
 SRC_SINCE_START = "/server_info internal_states[0].avg_spec_accept_length, since engine start"
-SRC_VLLM_CLIENT = "vllm bench serve JSON spec_decode_acceptance_rate (its own /metrics window)"
-SRC_SGLANG_CLIENT = "sglang bench JSON accept_length (read from /server_info: since engine start)"
+SRC_CLIENT_RATE = "bench client JSON spec_decode_acceptance_rate (the client's own /metrics window)"
+SRC_CLIENT_LENGTH = "bench client JSON accept_length (read from /server_info: since engine start)"
 BENCH_KEYS = ("output_throughput", "completed", "duration", "total_output_tokens", "request_throughput",
               "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
               "mean_tpot_ms", "p99_tpot_ms")
@@ -199,19 +199,20 @@ def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, dict
     if inputs["speculative"]:
         if level.get("metrics_available"):
             try:
-                acceptance = metrics.window_acceptance(inputs["engine"], level["metrics_before"],
-                                                       level["metrics_after"], inputs.get("num_steps") or None,
-                                                       inputs.get("num_draft_tokens") or None)
+                acceptance = metrics.window_acceptance(inputs["engine"], inputs["acceptance_counters"],
+                                                       level["metrics_before"], level["metrics_after"],
+                                                       num_steps=inputs.get("num_steps") or None,
+                                                       num_draft_tokens=inputs.get("num_draft_tokens") or None)
             except metrics.MetricsError as exc:
                 acceptance = metrics.Acceptance(engine=inputs["engine"], problem=str(exc))
         else:
             acceptance = metrics.Acceptance(engine=inputs["engine"],
-                                            problem="/metrics not available (SGLang needs --enable-metrics)")
+                                            problem="/metrics not available (is the engine's metrics export on?)")
         row["acceptance"] = acceptance.as_dict()
     if "spec_decode_acceptance_rate" in bench:
-        row["bench_client_accept_rate"] = number(bench["spec_decode_acceptance_rate"] / 100.0, SRC_VLLM_CLIENT)
+        row["bench_client_accept_rate"] = number(bench["spec_decode_acceptance_rate"] / 100.0, SRC_CLIENT_RATE)
     if bench.get("accept_length") is not None:
-        row["bench_client_accept_length"] = number(bench["accept_length"], SRC_SGLANG_CLIENT)
+        row["bench_client_accept_length"] = number(bench["accept_length"], SRC_CLIENT_LENGTH)
     reference = (baseline or {}).get(concurrency)
     why = not_comparable(level, inputs, reference)
     if why:
@@ -254,7 +255,7 @@ def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
             "verify_speculative is false: there is no speculative speed-up to gate"
         gate = {"passed": True, "failures": [], "warnings": [], "checks": [], "not_applicable": why}
     gate["warnings"] = list(baseline_info["warnings"]) + gate["warnings"]  # type: ignore[operator]
-    spec_seen = any(metrics.has_speculative_counters(inputs["engine"], lvl.get("metrics_after", {}))
+    spec_seen = any(metrics.has_speculative_counters(inputs["acceptance_counters"], lvl.get("metrics_after", {}))
                     for lvl in inputs["bench"]["levels"])
     if inputs["speculative"] and inputs["mode"] == "full" and not spec_seen and \
             any(lvl.get("metrics_available") for lvl in inputs["bench"]["levels"]):

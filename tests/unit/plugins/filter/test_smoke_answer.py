@@ -18,31 +18,32 @@ def reply(message: dict, completion_tokens: object = 5, status: int = 200, finis
 
 
 def test_the_answer_in_content_counts() -> None:
-    answer = smoke_answer.smoke_answer(reply({"content": "The answer is 1,168."}), "1168", "sglang")
+    answer = smoke_answer.smoke_answer(reply({"content": "The answer is 1,168."}), "1168", "reasoning_content")
     assert answer["found"] == "content" and answer["answered"] is True
     assert answer["reasoning_field"] == "reasoning_content" and answer["completion_tokens"] == 5
 
 
 def test_a_number_that_only_contains_the_answer_does_not_count() -> None:
-    answer = smoke_answer.smoke_answer(reply({"content": "11168 or 11680"}), 1168, "vllm")
+    answer = smoke_answer.smoke_answer(reply({"content": "11168 or 11680"}), 1168, "reasoning")
     assert answer["found"] == "" and answer["answered"] is False
 
 
 def test_the_answer_in_the_engines_reasoning_field_counts_and_is_named() -> None:
-    vllm = smoke_answer.smoke_answer(reply({"content": None, "reasoning": "so it is 579"}), 579, "vllm")
+    vllm = smoke_answer.smoke_answer(reply({"content": None, "reasoning": "so it is 579"}), 579, "reasoning")
     assert vllm["found"] == "reasoning" and vllm["answered"] is True and vllm["content"] == ""
-    sglang = smoke_answer.smoke_answer(reply({"content": "", "reasoning_content": "579"}), 579, "sglang")
+    sglang = smoke_answer.smoke_answer(reply({"content": "", "reasoning_content": "579"}), 579, "reasoning_content")
     assert sglang["found"] == "reasoning_content"
 
 
 def test_a_reply_without_completion_tokens_is_not_an_answer() -> None:
     for tokens in (0, None, "5"):
-        answer = smoke_answer.smoke_answer(reply({"content": "579"}, completion_tokens=tokens), 579, "vllm")
+        answer = smoke_answer.smoke_answer(reply({"content": "579"}, completion_tokens=tokens), 579, "reasoning")
         assert answer["answered"] is False, tokens
 
 
 def test_an_error_or_a_timeout_is_not_an_answer_and_a_timeout_is_named() -> None:
-    refused = smoke_answer.smoke_answer({"status": 500, "msg": "HTTP Error 500", "json": {"detail": "x"}}, 579, "vllm")
+    refused = smoke_answer.smoke_answer({"status": 500, "msg": "HTTP Error 500", "json": {"detail": "x"}}, 579,
+                                        "reasoning")
     assert refused["answered"] is False and refused["timed_out"] is False and refused["finish_reason"] == ""
     stuck = smoke_answer.smoke_answer({"status": -1, "msg": "Request failed: timed out", "elapsed_s": 40.012}, 579,
                                       "sglang")
@@ -52,5 +53,5 @@ def test_an_error_or_a_timeout_is_not_an_answer_and_a_timeout_is_named() -> None
 
 def test_a_request_never_sent_is_neither_answered_nor_timed_out() -> None:
     """The sampled request is not sent when the greedy one failed first (engine_requests stops the sequence)."""
-    absent = smoke_answer.smoke_answer({}, 579, "sglang")
+    absent = smoke_answer.smoke_answer({}, 579, "reasoning_content")
     assert absent["answered"] is False and absent["timed_out"] is False and absent["status"] == -1

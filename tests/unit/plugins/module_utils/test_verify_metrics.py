@@ -6,6 +6,11 @@ import math
 
 import pytest
 from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics as m
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import load_roster
+
+# The counter names of the engine roster (meta/engines.yml), as the verify role passes them.
+SGLANG = load_roster()["sglang"]["metrics"]
+VLLM = load_roster()["vllm"]["metrics"]
 
 SGLANG_TEXT = """\
 # HELP sglang:generation_tokens_total Number of generation tokens processed.
@@ -69,9 +74,9 @@ def test_counter_deltas_ignore_gauges_and_refuse_a_restart():
 
 
 def test_vllm_acceptance_over_the_window_not_since_start():
-    before = {m.VLLM_DRAFTS: 1000, m.VLLM_DRAFT_TOKENS: 3000, m.VLLM_ACCEPTED_TOKENS: 2700}  # 90 % before
-    after = {m.VLLM_DRAFTS: 1100, m.VLLM_DRAFT_TOKENS: 3300, m.VLLM_ACCEPTED_TOKENS: 2745}  # 45 of 300 in window
-    result = m.window_acceptance("vllm", before, after)
+    before = {VLLM['drafts']: 1000, VLLM['draft_tokens']: 3000, VLLM['accepted_tokens']: 2700}  # 90 % before
+    after = {VLLM['drafts']: 1100, VLLM['draft_tokens']: 3300, VLLM['accepted_tokens']: 2745}  # 45 of 300 in window
+    result = m.window_acceptance("vllm", VLLM, before, after)
     assert result.rate == pytest.approx(0.15)
     assert result.length == pytest.approx(1.45)
     assert result.detail == {"drafts": 100, "draft_tokens": 300, "accepted_tokens": 45}
@@ -79,12 +84,12 @@ def test_vllm_acceptance_over_the_window_not_since_start():
 
 
 def test_sglang_acceptance_length_and_rate_from_num_steps():
-    before = {m.SGLANG_GENERATION_TOKENS: 5000, m.SGLANG_VERIFY_CALLS: 1000}
-    after = {m.SGLANG_GENERATION_TOKENS: 7200, m.SGLANG_VERIFY_CALLS: 2000}
-    result = m.window_acceptance("sglang", before, after, num_steps=3)
+    before = {SGLANG['generation_tokens']: 5000, SGLANG['verify_calls']: 1000}
+    after = {SGLANG['generation_tokens']: 7200, SGLANG['verify_calls']: 2000}
+    result = m.window_acceptance("sglang", SGLANG, before, after, num_steps=3)
     assert result.length == pytest.approx(2.2)
     assert result.rate == pytest.approx(0.4)
-    unknown_steps = m.window_acceptance("sglang", before, after)
+    unknown_steps = m.window_acceptance("sglang", SGLANG, before, after)
     assert unknown_steps.length == pytest.approx(2.2) and unknown_steps.rate is None
     assert "speculative_num_draft_tokens and speculative_num_steps unknown" in unknown_steps.problem
 
@@ -92,13 +97,13 @@ def test_sglang_acceptance_length_and_rate_from_num_steps():
 def test_sglang_rate_divides_by_the_draft_tokens_as_sglang_does():
     """SGLang 0.5.23 (metrics_reporter.py, tokenizer_manager.py): correct drafts / (verify calls x (num_draft_tokens
     - 1)). With a draft tree (eagle_topk > 1) num_draft_tokens - 1 differs from num_steps."""
-    before = {m.SGLANG_GENERATION_TOKENS: 0, m.SGLANG_VERIFY_CALLS: 0}
-    after = {m.SGLANG_GENERATION_TOKENS: 2200, m.SGLANG_VERIFY_CALLS: 1000}  # 1200 correct drafts
-    tree = m.window_acceptance("sglang", before, after, num_steps=3, num_draft_tokens=8)
+    before = {SGLANG['generation_tokens']: 0, SGLANG['verify_calls']: 0}
+    after = {SGLANG['generation_tokens']: 2200, SGLANG['verify_calls']: 1000}  # 1200 correct drafts
+    tree = m.window_acceptance("sglang", SGLANG, before, after, num_steps=3, num_draft_tokens=8)
     assert tree.rate == pytest.approx(1200 / (1000 * 7)) and tree.length == pytest.approx(2.2)
     assert tree.detail["num_draft_tokens"] == 8 and tree.problem is None
-    chain = m.window_acceptance("sglang", before, after, num_steps=3, num_draft_tokens=4)
-    assert chain.rate == pytest.approx(m.window_acceptance("sglang", before, after, num_steps=3).rate)
+    chain = m.window_acceptance("sglang", SGLANG, before, after, num_steps=3, num_draft_tokens=4)
+    assert chain.rate == pytest.approx(m.window_acceptance("sglang", SGLANG, before, after, num_steps=3).rate)
 
 
 def test_one_definition_for_both_engines():
@@ -106,24 +111,28 @@ def test_one_definition_for_both_engines():
     verify_calls, k, accepted = 400, 3, 540
     sglang = m.window_acceptance(
         "sglang",
+        SGLANG,
         {},
-        {m.SGLANG_GENERATION_TOKENS: verify_calls + accepted, m.SGLANG_VERIFY_CALLS: verify_calls},
+        {SGLANG['generation_tokens']: verify_calls + accepted, SGLANG['verify_calls']: verify_calls},
         num_steps=k,
     )
     vllm = m.window_acceptance(
         "vllm",
+        VLLM,
         {},
-        {m.VLLM_DRAFTS: verify_calls, m.VLLM_DRAFT_TOKENS: verify_calls * k, m.VLLM_ACCEPTED_TOKENS: accepted},
+        {VLLM['drafts']: verify_calls, VLLM['draft_tokens']: verify_calls * k, VLLM['accepted_tokens']: accepted},
     )
     assert sglang.rate == pytest.approx(vllm.rate) and sglang.length == pytest.approx(vllm.length)
 
 
 def test_acceptance_problems_are_named():
-    assert "no speculative-decoding counters" in m.window_acceptance("sglang", {}, {"x": 1}).problem
-    idle = {m.VLLM_DRAFTS: 5, m.VLLM_DRAFT_TOKENS: 15, m.VLLM_ACCEPTED_TOKENS: 3}
-    assert m.window_acceptance("vllm", idle, idle).problem == "no drafts over the window"
-    with pytest.raises(m.MetricsError, match="unknown engine"):
-        m.window_acceptance("trt", {}, {})
+    assert "no speculative-decoding counters" in m.window_acceptance("sglang", SGLANG, {}, {"x": 1}).problem
+    idle = {VLLM['drafts']: 5, VLLM['draft_tokens']: 15, VLLM['accepted_tokens']: 3}
+    assert m.window_acceptance("vllm", VLLM, idle, idle).problem == "no drafts over the window"
+    with pytest.raises(m.MetricsError, match="unknown acceptance scheme"):
+        m.window_acceptance("trt", {"acceptance": "magic"}, {}, {})
+    with pytest.raises(m.MetricsError, match="needs the counter names verify_calls"):
+        m.window_acceptance("x", {"acceptance": "verify_calls", "generation_tokens": "x:gen"}, {}, {})
 
 
 def test_speedup_message_of_the_reference_host():

@@ -26,9 +26,17 @@ from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release impo
 from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import signals as release_signals  # noqa: E402
 from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release import units as release_units  # noqa: E402
 from ansible_collections.blackwell.serving.plugins.module_utils.host import procfs as pf  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import (  # noqa: E402
+    field_values,
+    load_roster,
+)
 
 RTX8 = REPO / "tests" / "fixtures" / "nvidia-smi" / "rtxpro6000-8gpu-constructed"
-DEFAULT_PATTERNS = gpu_release.ARGUMENT_SPEC["patterns"]["default"]
+# What the gpu_release role passes: every engine's process patterns, units and service users of the engine roster.
+ROSTER = load_roster()
+DEFAULT_PATTERNS = field_values(ROSTER, "process_patterns")
+ROSTER_PARAMS = {"units": field_values(ROSTER, "unit"), "patterns": DEFAULT_PATTERNS,
+                 "service_users": field_values(ROSTER, "service_user")}
 
 
 @pytest.mark.parametrize(
@@ -207,7 +215,7 @@ class FakeModule:
 
 
 def selection_params(**over):
-    params = {k: v.get("default") for k, v in gpu_release.ARGUMENT_SPEC.items()}
+    params = {k: v.get("default") for k, v in gpu_release.ARGUMENT_SPEC.items()} | ROSTER_PARAMS
     params.update(over)
     return params
 
@@ -377,6 +385,7 @@ def sim(tmp_path: Path, mode: str = "ok", wedged: dict[int, dict] | None = None)
     )
     smi.chmod(0o755)
     return {
+        **ROSTER_PARAMS,
         "nvidia_smi": str(smi),
         "driver_proc_dir": str(RTX8 / "proc-driver-nvidia"),
         "dev_dir": str(dev),
@@ -435,7 +444,7 @@ def test_main_without_driver_says_verification_was_skipped(tmp_path, capsys):
 
 
 def test_main_rejects_timeout_shorter_than_grace(tmp_path, capsys):
-    rc, out = run_main({"grace_s": 5, "timeout_s": 2, "shm_dir": str(tmp_path)}, capsys)
+    rc, out = run_main({**ROSTER_PARAMS, "grace_s": 5, "timeout_s": 2, "shm_dir": str(tmp_path)}, capsys)
     assert rc == 1 and "grace_s <= timeout_s" in out["msg"]
 
 
@@ -750,3 +759,9 @@ def test_a_compute_apps_peer_device_files_do_not_make_it_a_holder_of_those_gpus(
     foreign = release_gpus.classify_holders(procs={70: job}, table=table, app_mem={}, targets={}, spared=[],
                                            dev_dir="/dev", protected=[], apps_authoritative=False, foreign_by_pid={})
     assert [f["gpus"] for f in foreign] == [[0, 1]]
+
+
+def test_main_requires_the_engines_from_its_caller(tmp_path, capsys):
+    """No engine list of its own: the role passes the roster's units, patterns and service users."""
+    rc, out = run_main({"shm_dir": str(tmp_path)}, capsys)
+    assert rc == 1 and out["msg"] == "missing required arguments: patterns, service_users, units"

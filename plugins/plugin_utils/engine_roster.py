@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The engine roster (meta/engines.yml), read and checked on the controller.
+
+Each engine's entry names what the engine-neutral code needs: its role and entry point, its unit, service user and
+process patterns, the variables and flags that carry its keys, its routes and metric names. A missing or unknown key,
+or a value of the wrong type, fails with the entry and the key named: a typo in the roster must not quietly leave an
+engine's processes running on a teardown.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROSTER_FILE = Path(__file__).resolve().parents[2] / "meta" / "engines.yml"
+ENGINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# key -> type; every key is required (an engine without a value says so: "", [] or false).
+FIELDS: dict[str, type] = {
+    "role": str, "playbook": str, "unit": str, "service_user": str, "process_patterns": list, "env_prefixes": list,
+    "secret_flags": list, "distinct_secrets": list, "nodes_group_variable": str, "readiness_timeout_s": int,
+    "generating_routes": list, "reasoning_field": str, "server_info": bool, "unguarded_route_hint": str,
+    "drain_program": str, "metrics": dict,
+}
+ACCEPTANCE_COUNTERS = {
+    "verify_calls": ("generation_tokens", "verify_calls"),
+    "draft_counters": ("generation_tokens", "drafts", "draft_tokens", "accepted_tokens"),
+}
+
+
+class RosterError(ValueError):
+    """The roster file is missing, not YAML, or an entry does not have the shape FIELDS names."""
+
+
+def _check_metrics(name: str, metrics: dict) -> list[str]:
+    scheme = metrics.get("acceptance")
+    if scheme not in ACCEPTANCE_COUNTERS:
+        return [f"{name}.metrics.acceptance must be one of {sorted(ACCEPTANCE_COUNTERS)}, got {scheme!r}"]
+    expected = {"prefix", "acceptance", *ACCEPTANCE_COUNTERS[scheme]}
+    problems = [f"{name}.metrics.{key} is missing" for key in sorted(expected - set(metrics))]
+    problems += [f"{name}.metrics.{key} is not a key of the {scheme} scheme" for key in sorted(set(metrics) - expected)]
+    problems += [f"{name}.metrics.{key} must be a non-empty string" for key in sorted(expected & set(metrics))
+                 if not isinstance(metrics[key], str) or not metrics[key]]
+    return problems
+
+
+def check_entry(name: str, entry: Any) -> list[str]:
+    """What is wrong with one engine's entry (empty when nothing is)."""
+    if not ENGINE_NAME.fullmatch(str(name)):
+        return [f"engine name {name!r} must be lower-case letters, digits and '_' (it prefixes variables and units)"]
+    if not isinstance(entry, dict):
+        return [f"{name} must be a mapping, got {type(entry).__name__}"]
+    problems = [f"{name}.{key} is missing" for key in FIELDS if key not in entry]
+    problems += [f"{name}.{key} is not a roster key (known: {', '.join(FIELDS)})" for key in entry if key not in FIELDS]
+    for key, kind in FIELDS.items():
+        value = entry.get(key)
+        if key in entry and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            problems.append(f"{name}.{key} must be a {kind.__name__}, got {type(value).__name__}")
+        elif kind is list and key in entry and not all(isinstance(item, str) for item in value):
+            problems.append(f"{name}.{key} must be a list of strings")
+    if not problems:
+        problems += _check_metrics(name, entry["metrics"])
+        for key in ("role", "unit", "service_user"):
+            if not entry[key]:
+                problems.append(f"{name}.{key} must not be empty")
+        if not entry["process_patterns"]:
+            problems.append(f"{name}.process_patterns must name at least one pattern (a teardown looks for them)")
+    return problems
+
+
+def check_roster(data: Any) -> dict[str, dict]:
+    """The roster's engines, each with its `name` added; RosterError naming every problem otherwise."""
+    engines = data.get("engines") if isinstance(data, dict) else None
+    if not isinstance(engines, dict) or not engines:
+        raise RosterError("the roster must be a mapping with a non-empty `engines` mapping")
+    problems = [p for name, entry in engines.items() for p in check_entry(name, entry)]
+    units = [entry.get("unit") for entry in engines.values() if isinstance(entry, dict)]
+    problems += [f"unit {unit} is named by more than one engine"
+                 for unit in sorted({u for u in units if units.count(u) > 1})]
+    if problems:
+        raise RosterError("engine roster: " + "; ".join(problems))
+    return {name: {"name": name, **entry} for name, entry in engines.items()}
+
+
+@lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int) -> dict[str, dict]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RosterError(f"cannot read the engine roster {path}: {exc}") from exc
+    return check_roster(data)
+
+
+def load_roster(path: Path = ROSTER_FILE) -> dict[str, dict]:
+    """The checked roster, read once per change of the file."""
+    try:
+        mtime_ns = path.stat().st_mtime_ns
+    except OSError as exc:
+        raise RosterError(f"cannot read the engine roster {path}: {exc}") from exc
+    return _load(str(path), mtime_ns)
+
+
+def field_values(roster: dict[str, dict], key: str) -> list:
+    """One key over every engine, in roster order; list values are flattened (every unit, every pattern)."""
+    if key != "name" and key not in FIELDS:
+        raise RosterError(f"{key!r} is not a roster key (known: name, {', '.join(FIELDS)})")
+    values: list = []
+    for entry in roster.values():
+        value = entry[key]
+        values.extend(value if isinstance(value, list) else [value])
+    return values
+
+
+def acceptance_counters(entry: dict) -> dict[str, str]:
+    """The engine's speculative-decoding counter names by role (generation_tokens, verify_calls, ...) and scheme."""
+    return dict(entry["metrics"])

@@ -1,0 +1,53 @@
+"""The engine roster (meta/engines.yml) and its reader: a broken entry fails naming the engine and the key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ansible_collections.blackwell.serving.plugins.plugin_utils import engine_roster as er
+
+ROSTER = er.load_roster()
+
+
+def raw() -> dict:
+    return {"engines": {name: {k: v for k, v in entry.items() if k != "name"} for name, entry in ROSTER.items()}}
+
+
+def test_the_roster_names_both_engines_with_their_units_users_and_patterns():
+    assert list(ROSTER) == ["sglang", "vllm"]
+    assert er.field_values(ROSTER, "unit") == ["sglang.service", "vllm.service"]
+    assert er.field_values(ROSTER, "service_user") == ["sglang", "vllm"]
+    assert "sglang::*" in er.field_values(ROSTER, "process_patterns")
+    assert "VLLM::*" in er.field_values(ROSTER, "process_patterns")
+    assert er.field_values(ROSTER, "name") == ["sglang", "vllm"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda e: e["vllm"].pop("unit"), "vllm.unit is missing"),
+    (lambda e: e["vllm"].update(units=["x"]), "vllm.units is not a roster key"),
+    (lambda e: e["sglang"].update(readiness_timeout_s="900"), "sglang.readiness_timeout_s must be a int, got str"),
+    (lambda e: e["sglang"].update(process_patterns=[]), "sglang.process_patterns must name at least one pattern"),
+    (lambda e: e["sglang"].update(process_patterns=[1]), "sglang.process_patterns must be a list of strings"),
+    (lambda e: e["vllm"].update(unit="sglang.service"), "unit sglang.service is named by more than one engine"),
+    (lambda e: e["vllm"]["metrics"].pop("drafts"), "vllm.metrics.drafts is missing"),
+    (lambda e: e["vllm"]["metrics"].update(acceptance="magic"), "vllm.metrics.acceptance must be one of"),
+    (lambda e: e.update({"Bad-Name": {}}), "engine name 'Bad-Name' must be lower-case"),
+])
+def test_a_broken_entry_is_refused_naming_engine_and_key(change, message):
+    data = copy.deepcopy(raw())
+    change(data["engines"])
+    with pytest.raises(er.RosterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        er.check_roster(data)
+
+
+def test_an_unknown_field_query_is_refused():
+    with pytest.raises(er.RosterError, match="'units' is not a roster key"):
+        er.field_values(ROSTER, "units")
+
+
+def test_an_empty_or_missing_roster_is_refused(tmp_path):
+    with pytest.raises(er.RosterError, match="non-empty `engines`"):
+        er.check_roster({"engines": {}})
+    with pytest.raises(er.RosterError, match="cannot read the engine roster"):
+        er.load_roster(tmp_path / "absent.yml")
