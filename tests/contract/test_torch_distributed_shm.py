@@ -52,6 +52,13 @@ sys.path.insert(0, str(REPO / "plugins" / "modules"))
 import gpu_release  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
 from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import first_matching_pattern  # noqa: E402
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import (  # noqa: E402
+    field_values,
+    load_roster,
+)
+
+# The patterns the gpu_release role passes: every engine's of the engine roster.
+ROSTER_PATTERNS = field_values(load_roster(), "process_patterns")
 
 pytestmark = pytest.mark.contract
 
@@ -96,8 +103,11 @@ def in_private_namespace(test):
 
 
 def run_module(capsys, **args):
-    """gpu_release's main() in this process; returns its result."""
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
+    """gpu_release's main() in this process, with the engines the role passes (the roster's); returns its result."""
+    roster = load_roster()
+    engines = {"units": field_values(roster, "unit"), "patterns": ROSTER_PATTERNS,
+               "service_users": field_values(roster, "service_user")}
+    with patch_module_args(engines | args), pytest.raises(SystemExit) as exc:
         gpu_release.main()
     out = json.loads(capsys.readouterr().out)
     assert exc.value.code == 0, out
@@ -155,7 +165,7 @@ def test_release_keeps_live_rank_entries_and_removes_what_a_killed_job_left(tmp_
         for r in ranks:
             cmdline = Path(f"/proc/{r['pid']}/cmdline").read_bytes()
             assert cmdline.split(b"\0")[0].rstrip() == r["title"].encode(), cmdline  # as setproctitle leaves it
-            assert first_matching_pattern([r["title"]], gpu_release.ARGUMENT_SPEC["patterns"]["default"])
+            assert first_matching_pattern([r["title"]], ROSTER_PATTERNS)
 
         # Preconditions, from /proc: psm open and mapped by its rank; torch_* only mapped (fd closed).
         use = shm_use()
