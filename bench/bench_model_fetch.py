@@ -136,7 +136,7 @@ def time_playbook(work: Path, kind: str, url: str, dest: Path, *, tree: Path, ve
     run = run_fetch_playbook(work, profiles, extra, tree=tree)
     total = time.time() - start
     if run.rc != 0:
-        raise SystemExit(f"fetch_models.yml ({kind}) failed:\n{run.output[-3000:]}")
+        raise SystemExit(f"fetch_models.yml ({kind}) failed:\n{run.stdout[-3000:]}")
     manifest = dest / ".model_store" / "manifest.json"
     progress = json.loads((dest / ".model_store" / "progress.json").read_text())
     slice_start = progress["slice_started_at"]
@@ -147,7 +147,7 @@ def time_playbook(work: Path, kind: str, url: str, dest: Path, *, tree: Path, ve
         "before_slice_s": slice_start - start,
         "after_manifest_s": total - (manifest.stat().st_mtime - start),
         "hub_client": (progress.get("profile") or {}).get("hub_client"),
-        "tasks": task_times(run.output),
+        "tasks": task_times(run.stdout),
     }
 
 

@@ -306,75 +306,27 @@ def shm_use(shm_dir: str = "/dev/shm") -> dict[str, dict[str, list[int]]]:
 
 # ---------------------------------------------------------------- test side: teardown.yml
 
-_CALLBACK = '''
-import json, os
-from ansible.plugins.callback import CallbackBase
-
-class CallbackModule(CallbackBase):
-    """Appends every task result to $BWS_RESULTS_FILE (one JSON object a line)."""
-    CALLBACK_VERSION = 2.0
-    CALLBACK_TYPE = "aggregate"
-    CALLBACK_NAME = "bws_results"
-    CALLBACK_NEEDS_ENABLED = True
-
-    def _save(self, result, status):
-        row = {"task": result._task.get_name(), "action": result._task.action, "status": status,
-               "host": result._host.get_name(), "res": result._result}
-        with open(os.environ["BWS_RESULTS_FILE"], "a", encoding="utf-8") as f:
-            f.write(json.dumps(row, default=str) + "\\n")
-
-    def v2_runner_on_ok(self, result):
-        self._save(result, "ok")
-
-    def v2_runner_on_failed(self, result, ignore_errors=False):
-        self._save(result, "failed")
-'''
-
-
 def run_teardown(work: Path, extravars: dict[str, Any], python: str = sys.executable) -> dict[str, Any]:
-    """Run playbooks/teardown.yml on localhost (local connection, ``python`` as the interpreter).
+    """Run playbooks/teardown.yml on localhost (local connection, ``python`` as the interpreter) through
+    tests/playbook_run.py.
 
     Returns {"rc", "wall_s", "release": the gpu_release task result, "summary": the teardown summary lines,
-    "results": every task result, "output": the end of ansible-playbook's output}.
+    "run": the PlaybookRun, "output": the end of ansible-playbook's output}.
     """
+    from tests.playbook_run import local_inventory, run_playbook  # the test side only: the job side has no runner
+
     work.mkdir(parents=True, exist_ok=True)
-    run = work / f"teardown-{len(list(work.glob('teardown-*')))}"
-    (run / "callback").mkdir(parents=True)
-    (run / "callback" / "bws_results.py").write_text(_CALLBACK)
-    host = {"ansible_connection": "local", "ansible_python_interpreter": python, "ansible_become": os.geteuid() != 0}
-    inventory = {"all": {"children": {"gpu_servers": {"hosts": {"localhost": host}}}}}
-    (run / "hosts.json").write_text(json.dumps(inventory))
-    (run / "extravars.json").write_text(json.dumps(extravars))
-    results_file = run / "results.jsonl"
-    playbook = shutil.which("ansible-playbook", path=f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if playbook is None:
-        raise RuntimeError("ansible-playbook not found next to the interpreter or on PATH")
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_CALLBACK_PLUGINS": str(run / "callback"),
-        "ANSIBLE_CALLBACKS_ENABLED": "bws_results",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCAL_TEMP": str(run / "tmp"),
-        "BWS_RESULTS_FILE": str(results_file),
-    }
+    inventory = local_inventory(work / f"hosts-{len(list(work.glob('hosts-*')))}.json", python=python)
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [playbook, "-i", str(run / "hosts.json"), "-e", f"@{run / 'extravars.json'}", "playbooks/teardown.yml"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    run = run_playbook("playbooks/teardown.yml", inventory, extravars=extravars, workdir=work, timeout=600,
+                       envvars={"ANSIBLE_LOCAL_TEMP": str(work / "tmp")})
     wall = round(time.monotonic() - t0, 3)
-    rows = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.exists() else []
-    release = next((r["res"] for r in rows if r["action"] in ("blackwell.serving.gpu_release", "gpu_release")), None)
-    summary = next((r["res"].get("msg") for r in rows if r["task"].endswith("Teardown | summary")), None)
-    return {
-        "rc": proc.returncode,
-        "wall_s": wall,
-        "release": release,
-        "summary": summary,
-        "results": rows,
-        "output": (proc.stdout + proc.stderr)[-6000:],
-    }
+    release = next((event["event_data"].get("res") for event in run.task_events
+                    if event["event_data"].get("task_action") in ("blackwell.serving.gpu_release", "gpu_release")),
+                   None)
+    summary = next((result.get("msg") for result in run.results("Teardown | summary")), None)
+    return {"rc": run.rc, "wall_s": wall, "release": release, "summary": summary, "run": run,
+            "output": run.stdout[-6000:]}
 
 
 # ---------------------------------------------------------------- private namespace

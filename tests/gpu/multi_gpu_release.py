@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
+import importlib.util
 import json
 import os
 import shutil
@@ -64,6 +65,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "contract"))
+sys.path.insert(0, str(REPO))  # tests.playbook_run: teardown.yml runs through ansible-runner
 
 from torch_shm_helpers import (  # noqa: E402
     INSIDE_ENV,
@@ -432,6 +434,9 @@ def preflight(args: argparse.Namespace) -> list[dict[str, Any]]:
     search = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     if shutil.which("ansible-playbook", path=search) is None:
         raise HostUnfitError("ansible-playbook (ansible-core) not found next to this python or on PATH")
+    if importlib.util.find_spec("ansible_runner") is None:
+        raise HostUnfitError("ansible-runner is not importable by this python (tests/playbook_run.py runs "
+                             "teardown.yml through it)")
     probe = (
         "import json, torch; "
         "print(json.dumps([torch.__version__, torch.cuda.is_available(), torch.cuda.device_count()]))"

@@ -93,7 +93,7 @@ def test_teardown_frees_real_gpu_memory_and_spares_bystanders(gpu, tmp_path):
     }
     write_json(results_dir(tmp_path) / "gpu_release_real_gpu.json", report)
 
-    assert runner.rc == 0, runner.stdout.read()[-3000:]
+    assert runner.rc == 0, runner.stdout[-3000:]
     engines = [tp0, tp1, launcher, child]
     assert not any(alive(p) for p in engines), [p for p in engines if alive(p)]
     assert all(alive(p) for p in (foreign, monitor, persistenced)), "a bystander was killed"

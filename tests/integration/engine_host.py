@@ -1,7 +1,7 @@
 """A booted systemd test host (podman) shared by the engine lifecycle tests, and playbook runs on it.
 
 The host is the same image the sandbox uses; the engine programs on it are the ENGINE TEST DOUBLE.
-Playbooks run through ansible-runner, the way CI drives them.
+Playbooks run through tests/playbook_run.py (ansible-runner), the way CI drives them.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-import ansible_runner
 import yaml
+
+from tests.playbook_run import PlaybookRun, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("BWS_SANDBOX_IMAGE", "localhost/bws-debian-systemd:bookworm")
@@ -35,18 +34,6 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def podman_available() -> bool:
     return shutil.which("podman") is not None and podman("image", "exists", IMAGE, check=False).returncode == 0
-
-
-@dataclass
-class PlaybookRun:
-    status: str
-    rc: int
-    stats: dict
-    stdout: str
-    artifact_dir: Path
-
-    def count(self, key: str, host: str) -> int:
-        return int((self.stats or {}).get(key, {}).get(host, 0))
 
 
 class EngineHost:
@@ -96,18 +83,8 @@ class EngineHost:
     def run_playbook(self, playbook: str, extravars: dict | None = None, check: bool = False,
                      limit: str | None = None, *, tags: str | None = None,
                      skip_tags: str | None = None) -> PlaybookRun:
-        private = Path(tempfile.mkdtemp(prefix="runner-", dir=self.workdir))
-        result = ansible_runner.run(
-            private_data_dir=str(private), project_dir=str(REPO), playbook=playbook,
-            inventory=str(self.inventory), extravars=extravars or {}, limit=limit, tags=tags, skip_tags=skip_tags,
-            cmdline="--check --diff" if check else None,
-            envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": os.environ["PATH"],
-                     "ANSIBLE_COLLECTIONS_PATH": os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""),
-                     "ANSIBLE_NOCOLOR": "1"},
-            suppress_env_files=True, quiet=True,
-        )
-        stdout = result.stdout.read() if result.stdout else ""
-        return PlaybookRun(result.status, result.rc, result.stats or {}, stdout, Path(result.config.artifact_dir))
+        return run_playbook(playbook, self.inventory, extravars=extravars, check=check, diff=check, limit=limit,
+                            tags=tags, skip_tags=skip_tags, workdir=self.workdir)
 
     def sh(self, command: str, check: bool = True) -> str:
         return podman("exec", self.name, "sh", "-c", command, check=check).stdout.strip()

@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from tests import playbook_run
+from tests.playbook_run import local_inventory
+
 REPO = Path(__file__).resolve().parents[2]
 DOUBLES = REPO / "tests" / "doubles"
 RTX8 = REPO / "tests" / "fixtures" / "nvidia-smi" / "rtxpro6000-8gpu-constructed"
@@ -204,51 +207,14 @@ def alive(pid: int) -> bool:
 
 
 def run_playbook(tmp: Path, extravars: dict[str, Any], check: bool = False, playbook: str = "playbooks/teardown.yml"):
-    """Run a playbook on localhost (local connection) through ansible-runner; returns (runner, results)."""
-    import ansible_runner
-
-    pdd = tmp / f"runner-{len(list(tmp.glob('runner-*')))}"
-    pdd.mkdir()
-    inventory = pdd / "hosts.yml"
-    inventory.write_text(
-        json.dumps(
-            {
-                "all": {
-                    "children": {
-                        "gpu_servers": {
-                            "hosts": {
-                                "localhost": {
-                                    "ansible_connection": "local",
-                                    "ansible_python_interpreter": sys.executable,
-                                    "ansible_become": os.geteuid() != 0,
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        )
-    )
-    runner = ansible_runner.run(
-        private_data_dir=str(pdd),
-        project_dir=str(REPO),
-        playbook=playbook,
-        inventory=str(inventory),
-        extravars=extravars,
-        cmdline="--check" if check else None,
-        envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
-        quiet=True,
-    )
-    results: dict[str, Any] = {}
-    for event in runner.events:
-        data = event.get("event_data", {})
-        if event["event"] in ("runner_on_ok", "runner_on_failed") and "res" in data:
-            results.setdefault(data.get("task", ""), data["res"])
-    return runner, results
+    """Run a playbook on localhost (local connection, tests/playbook_run.py); returns (run, first result by task)."""
+    inventory = local_inventory(tmp / f"inventory-{len(list(tmp.glob('inventory-*')))}.json")
+    run = playbook_run.run_playbook(playbook, inventory, extravars=extravars, check=check, workdir=tmp)
+    return run, run.first_results()
 
 
-def changed_count(runner) -> int:
-    return sum((runner.stats or {}).get("changed", {}).values())
+def changed_count(run: playbook_run.PlaybookRun) -> int:
+    return sum((run.stats or {}).get("changed", {}).values())
 
 
 def release_result(results: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.playbook_run import PlaybookRun, run_playbook
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOUBLE = REPO_ROOT / "tests" / "doubles" / "model_mirror_double.py"
 PLAYBOOK = REPO_ROOT / "playbooks" / "fetch_models.yml"
@@ -93,16 +95,11 @@ def mirror_double(root: Path, log: Path, *args: str) -> Iterator[Mirror]:
 
 
 @dataclass
-class PlaybookRun:
-    rc: int
-    output: str
+class WrappedRun:
+    """A run of ansible-playbook under a wrapper program (a private mount namespace): exit status and output."""
 
-    def recap(self) -> dict[str, int]:
-        """The PLAY RECAP counters of localhost."""
-        for line in self.output.splitlines():
-            if line.startswith("localhost") and "ok=" in line:
-                return {key: int(value) for key, value in (part.split("=") for part in line.split()[2:])}
-        raise AssertionError(f"no PLAY RECAP in:\n{self.output}")
+    rc: int
+    stdout: str
 
 
 def run_fetch_playbook(
@@ -113,8 +110,11 @@ def run_fetch_playbook(
     check: bool = False,
     *,
     tree: Path = REPO_ROOT,
-) -> PlaybookRun:
+) -> PlaybookRun | WrappedRun:
     """Run playbooks/fetch_models.yml on localhost with a temporary inventory holding profiles.
+
+    Through tests/playbook_run.py; with ``wrap`` (a program that sets up a private mount namespace and then runs
+    the rest of its arguments) ansible-playbook runs directly under it and only its exit status and output return.
 
     `tree`: the checkout whose playbook, roles and ansible.cfg run (another one for before/after benchmarks).
     """
@@ -138,29 +138,15 @@ def run_fetch_playbook(
     inventory.write_text(
         yaml.safe_dump({"all": {"children": {"gpu_servers": {"hosts": {"localhost": None}, "vars": group_vars}}}})
     )
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(tree / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCAL_TEMP": str(workdir / "ansible-tmp"),
-    }
-    command = [
-        "ansible-playbook",
-        "-i",
-        str(inventory),
-        str(tree / PLAYBOOK.relative_to(REPO_ROOT)),
-        *(["--check", "--diff"] if check else []),
-    ]
-    result = subprocess.run(
-        [*(wrap or []), *command],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    return PlaybookRun(result.returncode, result.stdout + result.stderr)
+    envvars = {"ANSIBLE_CONFIG": str(tree / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": str(workdir / "ansible-tmp")}
+    playbook = tree / PLAYBOOK.relative_to(REPO_ROOT)
+    if not wrap:
+        return run_playbook(playbook, inventory, check=check, diff=check, project_dir=tree, envvars=envvars,
+                            workdir=workdir, timeout=180)
+    command = ["ansible-playbook", "-i", str(inventory), str(playbook), *(["--check", "--diff"] if check else [])]
+    result = subprocess.run([*wrap, *command], cwd=tree, env={**os.environ, "ANSIBLE_NOCOLOR": "1", **envvars},
+                            capture_output=True, text=True, timeout=180, check=False)
+    return WrappedRun(result.returncode, result.stdout + result.stderr)
 
 
 def hf_profile(name: str, dest: Path, repo: str, endpoint: str, drafter: dict | None = None) -> dict:

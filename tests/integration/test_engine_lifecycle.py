@@ -58,9 +58,8 @@ def test_check_diff_on_a_fresh_host_shows_the_unit_and_skips_start_and_wait(host
         "Activate | stop what serves now and start the release",
         "Activate | wait for readiness and run the post-start gate",
     ):
-        header = f"TASK [engine_service : {task}]"
-        assert header in run.stdout
-        assert run.stdout.split(header, 1)[1].split("TASK [", 1)[0].count("skipping: [bws-it-engine]") == 1
+        results = run.results(f"engine_service : {task}", "bws-it-engine")
+        assert [result["_event"] for result in results] == ["runner_on_skipped"], results
     assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
 
 
@@ -123,7 +122,7 @@ def test_tags_switch_still_runs_the_preflight_and_the_gate(host, runs):
     assert run.status == "successful", run.stdout[-3000:]
     assert run.count("changed", host.name) == 0
     for task in ("engine_service : Preflight | passed", "verify : Check the answer"):
-        assert f"TASK [{task}]" in run.stdout, f"--tags switch must still run {task}"
+        assert task in run.tasks_started, f"--tags switch must still run {task}"
     assert main_pid(host) == pid
 
 
@@ -184,7 +183,7 @@ def test_refused_input_fails_before_any_change_and_the_engine_keeps_serving(host
     for message in messages:
         assert message in text, text[-3000:]
     assert run.count("changed", host.name) == 0
-    assert "TASK [sglang :" not in run.stdout, "no task of the deploy may run"
+    assert not [task for task in run.tasks_started if task.startswith("sglang :")], "no task of the deploy may run"
     assert main_pid(host) == pid
     assert host.health() == 200
     assert host.sh("ls /tmp/pwned 2>/dev/null || true") == ""  # the injected ExecStartPre= never ran
@@ -197,7 +196,7 @@ def test_an_address_other_than_loopback_without_a_key_is_refused_before_any_chan
     runs.append(run)
     assert run.rc != 0
     assert "sglang_listen_address is 0.0.0.0 but sglang_api_key is empty" in " ".join(run.stdout.split())
-    assert "TASK [python_env :" not in run.stdout and "TASK [engine_service :" not in run.stdout
+    assert not [task for task in run.tasks_started if task.startswith(("python_env :", "engine_service :"))]
     assert main_pid(host) == pid and host.health() == 200
 
 
@@ -339,10 +338,10 @@ def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, r
     host.sh(f"kill {session}")
     assert host.state()["status"] == "stopped" and host.state()["current"] == current
     # One summary per host: the role's own is off, the teardown summary names the release it stopped.
-    gpu_summary = run.stdout.split("TASK [gpu_release : Summary of the GPU release]", 1)[1].split("TASK [", 1)[0]
-    assert "skipping: [bws-it-engine]" in gpu_summary and "ok: [bws-it-engine]" not in gpu_summary
-    summary = run.stdout.split("TASK [Teardown | summary]", 1)[1].split("PLAY RECAP", 1)[0]
-    flat = " ".join(summary.split())
+    gpu_summary = run.results("gpu_release : Summary of the GPU release", "bws-it-engine")
+    assert [result["_event"] for result in gpu_summary] == ["runner_on_skipped"], gpu_summary
+    summary = run.result("Teardown | summary", "bws-it-engine")["msg"]
+    flat = " ".join((summary if isinstance(summary, str) else " ".join(summary)).split())
     assert f"release {current} (sglang, profile sandbox-tiny-eagle3) is recorded as stopped" in flat, flat
     check = host.run_playbook("playbooks/teardown.yml", check=True)
     assert_check_mode_changes_nothing(check)

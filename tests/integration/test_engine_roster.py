@@ -12,7 +12,6 @@ a copy without the roster entry is refused by the input check before anything ru
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.playbook_run import PlaybookRun, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = "fakeinfer"
@@ -94,7 +95,7 @@ def changed_files(copy: Path) -> list[str]:
     return changed
 
 
-def launch(copy: Path, work: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def launch(copy: Path, work: Path, *extra: str) -> PlaybookRun:
     inventory = work / "hosts.yml"
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False}
     inventory.write_text(yaml.safe_dump({"all": {"children": {"gpu_servers": {"hosts": {"localhost": local}}}}}))
@@ -104,11 +105,10 @@ def launch(copy: Path, work: Path, *extra: str) -> subprocess.CompletedProcess[s
     extra_vars = work / "vars.yml"
     extra_vars.write_text(yaml.safe_dump({"engine": ENGINE, "engine_profile": "fake",
                                           "engine_profiles": {"fake": profile}, "fakeinfer_greeting": "hi"}))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(copy / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCAL_TEMP": str(work / "tmp"), "ANSIBLE_BECOME": "false"}
-    return subprocess.run(["ansible-playbook", "-i", str(inventory), "launch.yml", "-e", f"@{extra_vars}",
-                           "-e", "ansible_become=false", *extra],
-                          cwd=copy, env=env, check=False, capture_output=True, text=True, timeout=300)
+    return run_playbook("launch.yml", inventory, extra_args=["-e", f"@{extra_vars}", "-e", "ansible_become=false",
+                                                             *extra],
+                        project_dir=copy, workdir=work, timeout=300,
+                        envvars={"ANSIBLE_LOCAL_TEMP": str(work / "tmp"), "ANSIBLE_BECOME": "false"})
 
 
 @pytest.fixture(scope="module")
@@ -130,11 +130,11 @@ def test_only_the_roster_and_the_new_role_change(copies) -> None:
 def test_a_deploy_path_reaches_the_new_engine_role(copies, tmp_path) -> None:
     result = launch(copies["with"], tmp_path)
     out = " ".join(result.stdout.split())
-    assert result.returncode == 0, out[-3000:] + result.stderr[-2000:]
+    assert result.rc == 0, out[-3000:]
     assert "FAKEINFER ROLE REACHED hi profile=fake" in out
     assert "verify : Verify inputs are consistent" in out, "the engine-neutral role's checks ran for it"
     assert f"READINESS 123 UNITS sglang.service,vllm.service,{ENGINE}.service" in out
-    tasks = re.findall(r"^TASK \[([^\]]+)\]", result.stdout, re.MULTILINE)
+    tasks = result.tasks_started
     assert tasks.index("Deploy the engine with its role (the engine roster's `role`)") < tasks.index(
         f"{ENGINE} : Fake engine | reached")
 
@@ -142,7 +142,7 @@ def test_a_deploy_path_reaches_the_new_engine_role(copies, tmp_path) -> None:
 def test_the_new_role_prefix_is_checked_like_the_others(copies, tmp_path) -> None:
     result = launch(copies["with"], tmp_path, "-e", "fakeinfer_greting=x")
     out = " ".join(result.stdout.split())
-    assert result.returncode == 2, out[-3000:]
+    assert result.rc == 2, out[-3000:]
     assert ("unknown variable fakeinfer_greting: not an option of role fakeinfer (did you mean fakeinfer_greeting?)"
             in out)
     assert "FAKEINFER ROLE REACHED" not in out
@@ -151,8 +151,8 @@ def test_the_new_role_prefix_is_checked_like_the_others(copies, tmp_path) -> Non
 def test_without_the_roster_entry_the_engine_is_refused_before_anything_runs(copies, tmp_path) -> None:
     result = launch(copies["without"], tmp_path)
     out = " ".join(result.stdout.split())
-    assert result.returncode == 2, out[-3000:]
+    assert result.rc == 2, out[-3000:]
     assert f"value of engine must be one of: sglang, vllm, got: {ENGINE}" in out, out[-3000:]
     assert "FAKEINFER ROLE REACHED" not in out
-    tasks = re.findall(r"^TASK \[([^\]]+)\]", result.stdout, re.MULTILINE)
+    tasks = result.tasks_started
     assert all(task.startswith("input_check : ") for task in tasks), tasks

@@ -99,9 +99,8 @@ def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):
     started = {h: int(fleet.on(h).sh("systemctl show -p ActiveEnterTimestampMonotonic --value sglang.service"))
                for h in PAIR}
     assert started[PAIR[1]] < started[PAIR[0]], "the worker (rank 1) starts before rank 0"
-    verify_tasks = [chunk for chunk in run.stdout.split("TASK [")[1:] if chunk.startswith("verify :")]
-    gated_hosts = {line.split("[", 1)[1].split("]", 1)[0] for chunk in verify_tasks
-                   for line in chunk.splitlines() if line.startswith(("ok: [", "changed: ["))}
+    gated_hosts = {event["event_data"]["host"] for event in run.task_events
+                   if event["event_data"].get("role") == "verify" and event["event"] == "runner_on_ok"}
     assert PAIR[0] in gated_hosts and PAIR[1] not in gated_hosts
     assert fleet.on(HOSTS[2]).unit("sglang.service")["ActiveState"] == "inactive"
 

@@ -133,10 +133,10 @@ def world(tmp_path):
 def teardown(world: World, tmp: Path, expected_targets: set[int], **more) -> tuple[dict, list[str]]:
     """--check first (it must want to signal exactly ``expected_targets``), then the real teardown."""
     runner, results = run_playbook(tmp, world.extravars(**more), check=True)
-    assert runner.rc == 0, runner.stdout.read()[-3000:]
+    assert runner.rc == 0, runner.stdout[-3000:]
     assert set(release_result(results)["signalled"]["TERM"]) == expected_targets, release_result(results)["summary"]
     runner, results = run_playbook(tmp, world.extravars(**more))
-    assert runner.rc == 0, runner.stdout.read()[-3000:]
+    assert runner.rc == 0, runner.stdout[-3000:]
     return release_result(results), results["Teardown | summary"]["msg"]
 
 

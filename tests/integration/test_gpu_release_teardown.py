@@ -82,7 +82,7 @@ def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_
 
     # 1. --check: says what it would do, touches nothing
     runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1), check=True)
-    assert runner.rc == 0, runner.stdout.read()
+    assert runner.rc == 0, runner.stdout
     res = release_result(results)
     assert set(res["signalled"]["TERM"]) == set(engines)
     assert all(alive(p) for p in engines + bystanders)
@@ -97,7 +97,7 @@ def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_
 
     # 2. the real run
     runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1))
-    assert runner.rc == 0, runner.stdout.read()
+    assert runner.rc == 0, runner.stdout
     res = release_result(results)
     assert not any(alive(p) for p in engines), [p for p in engines if alive(p)]
     assert all(alive(p) for p in bystanders), [p for p in bystanders if not alive(p)]
@@ -150,7 +150,7 @@ def test_teardown_without_nvidia_driver_still_releases_and_says_so(sim, tmp_path
     (engine,) = sim.spawn(["VLLM::Worker_TP0"], {"open": sim.compute_files(0)})
     extravars = sim.extravars(gpu_release_grace_s=1, gpu_release_driver_proc_dir=str(tmp_path / "no-driver"))
     runner, results = run_playbook(tmp_path, extravars)
-    assert runner.rc == 0, runner.stdout.read()
+    assert runner.rc == 0, runner.stdout
     res = release_result(results)
     assert not alive(engine), res["spared"]
     assert not shm_file.exists()
@@ -244,7 +244,7 @@ def test_without_cap_sys_ptrace_a_nested_engine_process_of_a_service_user_is_nam
     try:
         runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1,
                                                                gpu_release_service_users=["nobody"]))
-        assert runner.rc == 0, runner.stdout.read()
+        assert runner.rc == 0, runner.stdout
         assert alive(nested), "teardown signalled a process it could not place"
         res = release_result(results)
         assert res["targets"] == []

@@ -9,15 +9,14 @@ tests/integration/test_engine_lifecycle.py.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.playbook_run import PlaybookRun, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = sorted(p.name for p in REPO.glob("*.yml") if "import_playbook: playbooks/" in p.read_text())
@@ -49,7 +48,7 @@ EXPECTED = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
+def runs(tmp_path_factory) -> dict[str, PlaybookRun]:
     work = tmp_path_factory.mktemp("input-check")
     inventory = work / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
@@ -58,12 +57,10 @@ def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
     (inventory / "hosts.yml").write_text(
         yaml.safe_dump({"all": {"children": {"gpu_servers": {"hosts": {"localhost": local}}}}}))
     (work / "refused.json").write_text(json.dumps(REFUSED))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCAL_TEMP": str(work / "tmp")}
 
-    def run(playbook: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ansible-playbook", "-i", str(inventory), playbook, "-e", f"@{work / 'refused.json'}"],
-                              check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    def run(playbook: str) -> PlaybookRun:
+        return run_playbook(playbook, inventory, extra_args=["-e", f"@{work / 'refused.json'}"], workdir=work,
+                            envvars={"ANSIBLE_LOCAL_TEMP": str(work / "tmp")}, timeout=300)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return dict(zip(ENTRY_POINTS, pool.map(run, ENTRY_POINTS), strict=True))
@@ -78,28 +75,24 @@ def test_the_entry_points_are_the_eight_playbooks() -> None:
 def test_refused_before_any_task_on_the_host(runs, playbook: str) -> None:
     result = runs[playbook]
     text = " ".join(result.stdout.split())
-    assert result.returncode == 2, text[-3000:] + result.stderr[-2000:]
+    assert result.rc == 2, text[-3000:]
     for message in EXPECTED:
         assert message in text, message
-    assert "same-Key-1" not in result.stdout + result.stderr, "a key given as a no_log variable is never shown"
-    tasks = re.findall(r"^TASK \[([^\]]+)\]", result.stdout, re.MULTILINE)
+    assert "same-Key-1" not in result.stdout, "a key given as a no_log variable is never shown"
+    tasks = result.tasks_started
     assert tasks[-1] == "input_check : Inputs | refuse unknown and mistyped variables and invalid model profiles"
     assert set(tasks[:-1]) <= {"Gathering Facts"} | {t for t in tasks if t.startswith("input_check : Validating")}
-    recap = re.search(r"^localhost\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=1", result.stdout, re.M)
-    assert recap and recap.group(2) == "0", text[-2000:]
+    assert result.recap("localhost")["failed"] == 1 and result.recap("localhost")["changed"] == 0, text[-2000:]
 
 
 @pytest.fixture(scope="module")
-def unedited(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
+def unedited(tmp_path_factory) -> dict[str, PlaybookRun]:
     """Each entry point run as the README's first command would be without -i: ansible.cfg's default inventory,
     the example one, whose host is a placeholder that resolves nowhere."""
     work = tmp_path_factory.mktemp("unedited")
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCAL_TEMP": str(work / "tmp")}
 
-    def run(playbook: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ansible-playbook", playbook], check=False, cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=300)
+    def run(playbook: str) -> PlaybookRun:
+        return run_playbook(playbook, workdir=work, envvars={"ANSIBLE_LOCAL_TEMP": str(work / "tmp")}, timeout=300)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return dict(zip(ENTRY_POINTS, pool.map(run, ENTRY_POINTS), strict=True))
@@ -109,10 +102,10 @@ def unedited(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
 def test_the_unedited_example_inventory_stops_at_once_naming_it_and_how_to_point_at_ones_own(unedited, playbook):
     result = unedited[playbook]
     text = " ".join(result.stdout.split())
-    assert result.returncode == 2, text[-3000:] + result.stderr[-2000:]
+    assert result.rc == 2, text[-3000:]
     example = REPO / "inventory" / "production" / "hosts.yml"
     assert (f"gpu01.example.internal is a placeholder of the example inventory ({example}, the default of "
             "ansible.cfg): run with -i") in text, text[-2000:]
     assert "Could not resolve hostname" not in text and "UNREACHABLE" not in text, text[-2000:]
-    tasks = re.findall(r"^TASK \[([^\]]+)\]", result.stdout, re.MULTILINE)
+    tasks = result.tasks_started
     assert tasks[-1] == "input_check : Inputs | refuse unknown and mistyped variables and invalid model profiles"

@@ -27,6 +27,7 @@ from model_helpers import (
 )
 
 from tests.module_utils_loader import load_module_util
+from tests.playbook_run import run_module
 
 pytestmark = pytest.mark.integration
 
@@ -82,21 +83,21 @@ def test_hub_and_mirror_fetch_is_complete_verified_and_idempotent():
             }
 
             dry = run_fetch_playbook(work, profiles, extra, check=True)
-            assert dry.rc == 0, dry.output
-            assert dry.recap()["changed"] >= 2
+            assert dry.rc == 0, dry.stdout
+            assert dry.recap("localhost")["changed"] >= 2
             batch = "tiny: 6 files: tokenizer_config.json, config.json, model.safetensors.index.json, ..."
-            assert f"{batch} (141.6 KiB)" in dry.output
+            assert f"{batch} (141.6 KiB)" in dry.stdout
             assert not (work / "models").exists(), "check mode wrote to the host"
             assert not [r for r in mirror.requests() if "/resolve/" in r["path"] or "/cdn/" in r["path"]]
 
             first = run_fetch_playbook(work, profiles, extra)
-            assert first.rc == 0, first.output
-            assert first.recap()["changed"] >= 2
+            assert first.rc == 0, first.stdout
+            assert first.recap("localhost")["changed"] >= 2
             assert same_tree(hub / "acme" / "tiny", work / "models" / "tiny")
             assert same_tree(hub / "acme" / "draft", work / "models" / "draft")
-            assert f"{work / 'models' / 'draft'}: 47.3 KiB of 47.3 KiB (100%)" in first.output
-            assert "done; finished 6 files" in first.output
-            assert TOKEN not in first.output
+            assert f"{work / 'models' / 'draft'}: 47.3 KiB of 47.3 KiB (100%)" in first.stdout
+            assert "done; finished 6 files" in first.stdout
+            assert TOKEN not in first.stdout
             for dest in (work / "models" / "tiny", work / "models" / "draft"):
                 assert_manifest_is_sha256sum(dest)
             # the Hub files came through the huggingface_hub client, whose state stays out of the manifest; each
@@ -117,8 +118,8 @@ def test_hub_and_mirror_fetch_is_complete_verified_and_idempotent():
             assert any("cursor=2" in r["path"] for r in requests), "the paged tree was not followed"
 
             second = run_fetch_playbook(work, profiles, extra)
-            assert second.rc == 0, second.output
-            assert second.recap()["changed"] == 0, second.output
+            assert second.rc == 0, second.stdout
+            assert second.recap("localhost")["changed"] == 0, second.stdout
             assert len(mirror.requests()) == len(requests), "a complete copy was listed again without refresh"
 
 
@@ -139,8 +140,8 @@ def test_mirror_ranges_resume_across_runs_and_a_truncated_range_is_fetched_again
             cut = next(r for r in mirror.requests() if r["bytes"] == 20000)
         assert first.rc != 0
         shard = cut["path"].rsplit("/", 1)[1]
-        assert f"{shard}: transfer of {shard}.part stopped at " in first.output
-        assert "gave up after 0 retries: re-run to resume" in first.output
+        assert f"{shard}: transfer of {shard}.part stopped at " in first.stdout
+        assert "gave up after 0 retries: re-run to resume" in first.stdout
         assert not (dest / shard).exists()
         record = json.loads((dest / ".model_store" / "parts" / f"{shard}.json").read_text())
         cut_start = int(cut["range"].split("=")[1].split("-")[0]) if cut["range"] else 0
@@ -161,7 +162,7 @@ def test_mirror_ranges_resume_across_runs_and_a_truncated_range_is_fetched_again
         extra["model_store_retries"] = 1
         with mirror_double(hub, work / "resume.jsonl", "--cut-after", "20000", "--cut-count", "1") as mirror:
             second = run_fetch_playbook(work, mirror_profile(dest, f"{mirror.url}/mirror/acme/tiny/"), extra)
-            assert second.rc == 0, second.output
+            assert second.rc == 0, second.stdout
             served = mirror.requests()
         assert f"bytes={cut_start + 20000}-" in " ".join(str(r["range"]) for r in served if r["path"].endswith(shard))
         again = next(r for r in served if r["bytes"] == 20000)
@@ -192,8 +193,8 @@ def test_a_sha256_mismatch_names_the_file_and_leaves_nothing_that_looks_complete
             profiles = mirror_profile(dest, f"{mirror.url}/mirror/acme/tiny/")
             result = run_fetch_playbook(work, profiles, {"engine_profile": "tiny"})
         assert result.rc != 0
-        assert f"{SHARD} downloaded with sha256 " in result.output
-        assert "but the source publishes " + "0" * 64 in result.output
+        assert f"{SHARD} downloaded with sha256 " in result.stdout
+        assert "but the source publishes " + "0" * 64 in result.stdout
         assert not (dest / SHARD).exists() and not (dest / f"{SHARD}.part").exists()
         assert (dest / f"{SHARD}.part.rejected").exists()
         assert not (dest / ".model_store" / "manifest.json").exists()
@@ -225,12 +226,12 @@ def test_not_enough_disk_fails_before_writing_a_byte():
             downloads = [r for r in mirror.requests() if "/resolve/" in r["path"]]
         if result.rc == 99:
             pytest.skip("this machine does not allow a tmpfs mount in a private mount namespace")
-        assert result.rc != 0, result.output
-        assert "Not enough disk on" in result.output
-        assert "(145027 bytes)" in result.output  # needed: the whole listing
-        assert "free 64.00 KB" in result.output
-        assert "Nothing was written" in result.output
-        assert "ON-TMPFS:\n" in result.output + "\n", "something was written to the full file system"
+        assert result.rc != 0, result.stdout
+        assert "Not enough disk on" in result.stdout
+        assert "(145027 bytes)" in result.stdout  # needed: the whole listing
+        assert "free 64.00 KB" in result.stdout
+        assert "Nothing was written" in result.stdout
+        assert "ON-TMPFS:\n" in result.stdout + "\n", "something was written to the full file system"
         assert downloads == []
 
 
@@ -258,10 +259,10 @@ def test_local_and_rsync_sources_resume_and_never_overwrite_a_complete_copy():
         }
         extra = {"model_store_profiles": "loc,rs"}
         first = run_fetch_playbook(work, profiles, extra)
-        assert first.rc == 0, first.output
+        assert first.rc == 0, first.stdout
         for dest in (local_dest, rsync_dest):
             # 9.8 KiB of the shard were kept: the first slice line counts them as done
-            assert f"{dest}: 47.3 KiB of 47.3 KiB (100%)" in first.output
+            assert f"{dest}: 47.3 KiB of 47.3 KiB (100%)" in first.stdout
         assert same_tree(local_source, local_dest)
         assert same_tree(rsync_source, rsync_dest)
         assert_manifest_is_sha256sum(local_dest)
@@ -274,44 +275,15 @@ def test_local_and_rsync_sources_resume_and_never_overwrite_a_complete_copy():
         before = {p.name: p.read_bytes() for p in local_dest.iterdir() if p.is_file()}
         second = run_fetch_playbook(work, profiles, {**extra, "model_store_refresh": True})
         assert second.rc != 0
-        assert "holds a complete copy" in second.output
-        assert f"first {changed_shard.name}" in second.output
-        assert "It is not overwritten" in second.output
+        assert "holds a complete copy" in second.stdout
+        assert f"first {changed_shard.name}" in second.stdout
+        assert "It is not overwritten" in second.stdout
         assert {p.name: p.read_bytes() for p in local_dest.iterdir() if p.is_file()} == before
 
 
 def run_model_check(work: Path, path: Path) -> dict:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-    }
-    env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.builtin.json"
-    result = subprocess.run(
-        [
-            "ansible",
-            "localhost",
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            "-m",
-            "blackwell.serving.model_check",
-            "-a",
-            f"path={path} require_index=true fail_on_incomplete=true",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    # the JSON document sits between profile_tasks' banner and its timing table
-    doc, _ = json.JSONDecoder().raw_decode(result.stdout[result.stdout.index("{") :])
-    return doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return run_module("blackwell.serving.model_check", f"path={path} require_index=true fail_on_incomplete=true",
+                      workdir=work, timeout=60)
 
 
 def test_model_check_names_the_missing_and_the_truncated_shard():
@@ -408,9 +380,9 @@ def test_hub_client_gated_repository_fails_naming_the_token_variable():
             result = run_fetch_playbook(work, profiles, hub_extra(model_store_hf_token="hf_not_accepted"))
             heads = [r for r in mirror.requests() if r["method"] == "HEAD"]
         assert result.rc != 0
-        assert "HTTP 401 from " in result.output and "the repository is gated" in result.output
-        assert "set model_store_hf_token (default: HF_TOKEN" in result.output
-        assert "hf_not_accepted" not in result.output
+        assert "HTTP 401 from " in result.stdout and "the repository is gated" in result.stdout
+        assert "set model_store_hf_token (default: HF_TOKEN" in result.stdout
+        assert "hf_not_accepted" not in result.stdout
         assert heads and all(r["status"] == 401 and r["auth"] for r in heads)
         assert not list(dest.glob("*.safetensors")) and not (dest / ".model_store" / "manifest.json").exists()
 
@@ -438,7 +410,7 @@ def test_hub_client_interrupted_fetch_is_resumed():
         ) as mirror:
             first = run_fetch_playbook(work, hf_profile("tiny", dest, "acme/tiny", mirror.url), extra)
         assert first.rc != 0
-        assert f"{shard}: the huggingface_hub client failed" in first.output and "re-run to resume" in first.output
+        assert f"{shard}: the huggingface_hub client failed" in first.stdout and "re-run to resume" in first.stdout
         assert not (dest / shard).exists()
         assert sorted(p.name for p in dest.iterdir() if p.is_file()) == [
             "config.json",
@@ -461,7 +433,7 @@ def test_hub_client_interrupted_fetch_is_resumed():
             "1",
         ) as mirror:
             second = run_fetch_playbook(work, hf_profile("tiny", dest, "acme/tiny", mirror.url), extra)
-            assert second.rc == 0, second.output
+            assert second.rc == 0, second.stdout
             files = [r for r in mirror.requests() if "/resolve/" in r["path"] or "/cdn/" in r["path"]]
         assert {r["path"].rsplit("/", 1)[1] for r in files} == {shard}
         gets = [r for r in files if r["method"] == "GET"]

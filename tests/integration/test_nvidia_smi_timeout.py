@@ -1,19 +1,19 @@
 """The nvidia_driver role's nvidia-smi check ends at its timeout and says so (roles/nvidia_driver/tasks/activate.yml).
 
-The two tasks are taken from the role's own file, unchanged, and run by ansible-playbook on localhost with a
-stand-in nvidia-smi first on PATH: one that hangs, one that fails as nvidia-smi does without a driver.
+The two tasks are taken from the role's own file, unchanged, and run by ansible-playbook (tests/playbook_run.py) on
+localhost with a stand-in nvidia-smi first on PATH: one that hangs, one that fails as nvidia-smi does without a driver.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+
+from tests.playbook_run import PlaybookRun, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 ACTIVATE = REPO / "roles" / "nvidia_driver" / "tasks" / "activate.yml"
@@ -27,7 +27,7 @@ def role_tasks() -> list[dict]:
     return tasks
 
 
-def run_check(tmp_path: Path, nvidia_smi_body: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def run_check(tmp_path: Path, nvidia_smi_body: str) -> tuple[PlaybookRun, float]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
@@ -40,25 +40,19 @@ def run_check(tmp_path: Path, nvidia_smi_body: str) -> tuple[subprocess.Complete
         "environment": {"PATH": f"{bin_dir}:{os.environ['PATH']}"},
         "tasks": role_tasks(),
     }]))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_LOCALHOST_WARNING": "0"}
     start = time.monotonic()
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(playbook)],
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
-    return proc, time.monotonic() - start
+    run = run_playbook(playbook, "localhost,", workdir=tmp_path, timeout=120,
+                       envvars={"ANSIBLE_LOCALHOST_WARNING": "0"})
+    return run, time.monotonic() - start
 
 
-def failure_message(proc: subprocess.CompletedProcess[str]) -> str:
-    # The json callback's document; the timing callback (ansible.cfg) prints lines around it.
-    start = proc.stdout.index("\n{") + 1
-    plays = json.JSONDecoder().raw_decode(proc.stdout[start:])[0]["plays"]
-    results = [host for task in plays[0]["tasks"] for host in task["hosts"].values()]
-    return next(r["msg"] for r in results if r.get("failed") and "msg" in r)
+def failure_message(run: PlaybookRun) -> str:
+    return next(r["msg"] for r in run.task_events_results() if r["_event"] == "runner_on_failed" and "msg" in r)
 
 
 def test_hung_nvidia_smi_ends_at_the_timeout_with_a_message(tmp_path):
     proc, wall = run_check(tmp_path, "exec sleep 60")
-    assert proc.returncode != 0
+    assert proc.rc != 0
     assert wall < 30, f"the check took {wall:.1f} s with a 1 s timeout"
     message = " ".join(failure_message(proc).split())
     assert message.startswith("nvidia-smi did not answer within 1 s (nvidia_driver_smi_timeout_s) and was killed")
@@ -68,6 +62,6 @@ def test_hung_nvidia_smi_ends_at_the_timeout_with_a_message(tmp_path):
 def test_failing_nvidia_smi_shows_its_own_message(tmp_path):
     proc, _ = run_check(tmp_path, 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA '
                                   'driver."; exit 9')
-    assert proc.returncode != 0
+    assert proc.rc != 0
     message = " ".join(failure_message(proc).split())
     assert message.startswith("nvidia-smi failed (rc 9): NVIDIA-SMI has failed because it couldn't communicate")

@@ -21,10 +21,12 @@ from verify_helpers import (
     EngineDouble,
     host_report_dir,
     run_bench_double,
-    run_playbook,
+    run_verify,
     write_inventory,
     write_serving_state,
 )
+
+from tests.playbook_run import run_module
 
 pytestmark = pytest.mark.integration
 
@@ -187,11 +189,11 @@ def run(tmp_path_factory: pytest.TempPathFactory):
         }
         inventory = work / "inventory.yml"
         write_inventory(inventory, hosts)
-        result = run_playbook(inventory)
-        (work / "ansible-playbook.log").write_text(result.stdout + result.stderr, encoding="utf-8")
+        result = run_verify(inventory, workdir=work)
+        (work / "ansible-playbook.log").write_text(result.stdout, encoding="utf-8")
         yield {
             "result": result,
-            "output": result.stdout + result.stderr,
+            "output": result.stdout,
             "reports": report_root,
             "baseline": baseline,
             "doubles": doubles,
@@ -243,10 +245,9 @@ def _host(double: EngineDouble, tokenizer: Path, report_root: Path, state_dir: P
     }
 
 
-def _recap(output: str, host: str) -> dict[str, int]:
-    match = re.search(rf"^{host}\s+:\s+(.*)$", output, re.MULTILINE)
-    assert match, f"no recap line for {host}:\n{output[-3000:]}"
-    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))}
+def _recap(run: dict, host: str) -> dict[str, int]:
+    assert run["result"].played(host), f"no recap for {host}:\n{run['output'][-3000:]}"
+    return run["result"].recap(host)
 
 
 def _report(run: dict, host: str) -> dict:
@@ -254,7 +255,7 @@ def _report(run: dict, host: str) -> dict:
 
 
 def test_gate_fails_at_066x_with_which_level_and_how_much(run):
-    assert _recap(run["output"], "slow")["failed"] == 1
+    assert _recap(run, "slow")["failed"] == 1
     report = _report(run, "slow")
     speedups = {row["concurrency"]: row["speedup"]["value"] for row in report["levels"]}
     assert 0.5 < speedups[1] < 0.8, speedups
@@ -277,7 +278,7 @@ def test_gate_fails_at_066x_with_which_level_and_how_much(run):
 
 
 def test_gate_passes_at_18x(run):
-    recap = _recap(run["output"], "fast")
+    recap = _recap(run, "fast")
     assert recap["failed"] == 0 and recap["changed"] == 0  # verify changes nothing on the host
     report = _report(run, "fast")
     assert report["gate"]["passed"] and report["gate"]["failures"] == []
@@ -319,7 +320,7 @@ def test_acceptance_is_counted_over_the_benchmark_window_only(run):
 
 
 def test_no_baseline_fails_the_gate_speed_up_not_measured(run):
-    assert _recap(run["output"], "no_baseline")["failed"] == 1
+    assert _recap(run, "no_baseline")["failed"] == 1
     report = _report(run, "no_baseline")
     assert not report["gate"]["passed"]
     assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1: no comparable baseline")
@@ -369,10 +370,10 @@ def test_the_sampled_level_sent_its_sampling_parameters(run, double, sampling):
 
 def test_a_sampled_level_that_is_not_gated_or_does_not_sample_is_refused_naming_it(run):
     output = " ".join(run["output"].split())
-    assert _recap(run["output"], "ungated_sampled")["failed"] == 1
+    assert _recap(run, "ungated_sampled")["failed"] == 1
     assert ("verify_bench_sampled_concurrency=8 is not one of verify_gate_concurrency [1]: the sampled level must be "
             "a gated level (0 = no sampled level)") in output, output[-3000:]
-    assert _recap(run["output"], "greedy_sampled")["failed"] == 1
+    assert _recap(run, "greedy_sampled")["failed"] == 1
     assert re.search(r'verify_bench_sampling=\{"temperature": 0\.0, "top_q": 0\.9\} does not sample the level '
                      r"verify_bench_sampled_concurrency=1: its keys must be among temperature, top_p, .* "
                      r"\(not: top_q\), and temperature must be > 0", output), output[-3000:]
@@ -381,7 +382,7 @@ def test_a_sampled_level_that_is_not_gated_or_does_not_sample_is_refused_naming_
 
 
 def test_vllm_acceptance_matches_the_clients_own_window(run):
-    assert _recap(run["output"], "vllm_key")["failed"] == 0
+    assert _recap(run, "vllm_key")["failed"] == 0
     report = _report(run, "vllm_key")
     assert report["engine"] == "vllm"
     for row in report["levels"]:
@@ -395,7 +396,7 @@ def test_vllm_acceptance_matches_the_clients_own_window(run):
 
 def test_hung_health_ends_at_the_timeout_with_the_log_tail(run):
     output = run["output"]
-    assert _recap(output, "hang")["failed"] == 1
+    assert _recap(run, "hang")["failed"] == 1
     assert re.search(r"sglang at http://127\.0\.0\.1:\d+ is not ready: /health did not answer 200 within 3 s", output)
     # the double's own log lines, one per line
     assert re.search(
@@ -403,7 +404,7 @@ def test_hung_health_ends_at_the_timeout_with_the_log_tail(run):
         output,
         re.MULTILINE,
     )
-    assert _recap(output, "hang_no_journal")["failed"] == 1
+    assert _recap(run, "hang_no_journal")["failed"] == 1
     assert "systemd does not run on this host, so unit sglang.service has no journal" in output
 
 
@@ -430,7 +431,7 @@ def test_api_key_refusal_and_no_leak(run):
     for path in run["reports"].rglob("*"):
         if path.is_file():
             assert VLLM_KEY.encode() not in path.read_bytes(), path
-    assert _recap(run["output"], "open_key")["failed"] == 1
+    assert _recap(run, "open_key")["failed"] == 1
     assert "answered HTTP 200 to a request without it (expected 401 or 403)" in run["output"]
 
 
@@ -439,7 +440,7 @@ def test_every_post_route_of_the_route_table_is_asked_without_the_key(run):
     serves without the key (vLLM's /invocations outside its guarded prefixes) fails the gate, named."""
     assert _report(run, "vllm_key")["smoke"]["unauthenticated_routes"] == (
         "5 POST routes refused without the key: the route table (/openapi.json) and the known generating routes")
-    assert _recap(run["output"], "open_route")["failed"] == 1
+    assert _recap(run, "open_route")["failed"] == 1
     flat = " ".join(run["output"].split())
     assert "1 of 5 POST routes of http://127.0.0.1:" in flat, flat[-3000:]
     assert "/invocations answered HTTP 422. Whoever reaches the port can use them without the key." in flat
@@ -449,7 +450,7 @@ def test_every_post_route_of_the_route_table_is_asked_without_the_key(run):
 def test_a_server_info_that_returns_the_key_fails_the_gate_without_showing_it(run):
     """SGLang 0.5.23 alone returns api_key and admin_api_key from /server_info; the release's plugin blanks them and
     fails open inside SGLang, so verify checks the outcome. The play output names the cause, not the key."""
-    assert _recap(run["output"], "echo_key")["failed"] == 1
+    assert _recap(run, "echo_key")["failed"] == 1
     flat = " ".join(run["output"].split())
     assert "/server_info returned the API key to an API client" in flat, flat[-3000:]
     assert "bws_sglang_guard" in flat
@@ -457,7 +458,7 @@ def test_a_server_info_that_returns_the_key_fails_the_gate_without_showing_it(ru
 
 
 def test_baseline_mode_writes_a_baseline_to_pass_back(run):
-    assert _recap(run["output"], "baseline")["failed"] == 0
+    assert _recap(run, "baseline")["failed"] == 0
     directory = host_report_dir(run["reports"], "baseline")
     baseline = json.loads((directory / "baseline.json").read_text())
     assert baseline["kind"] == "verify-baseline" and baseline["profile"] == "p" and baseline["host"] == "baseline"
@@ -495,20 +496,7 @@ def test_bench_client_double_writes_the_real_clients_keys(run):
 
 
 def _adhoc_engine_metrics(url: str) -> dict:
-    import os
-    import subprocess
-
-    from verify_helpers import REPO
-
-    program = Path(sys.executable).parent / "ansible"
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    result = subprocess.run(
-        [str(program) if program.exists() else "ansible", "localhost", "-c", "local", "-i", "localhost,",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "blackwell.serving.engine_metrics",
-         "-a", f"url={url} prefixes=vllm:,sglang:", "-o"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
-    assert "=>" in result.stdout, result.stdout + result.stderr
-    return json.loads(result.stdout.split("=>", 1)[1])
+    return run_module("blackwell.serving.engine_metrics", f"url={url} prefixes=vllm:,sglang:", timeout=60)
 
 
 def test_engine_metrics_module_sums_counters_and_tolerates_a_missing_endpoint(run):
@@ -549,7 +537,7 @@ def test_negative_control_the_old_smoke_request_fails_against_a_thinking_model(r
 
 @pytest.mark.parametrize(("host", "engine"), [("thinking", "sglang"), ("vllm_thinking", "vllm")])
 def test_the_new_smoke_passes_against_a_thinking_model_and_checks_the_sum(run, host, engine):
-    assert _recap(run["output"], host)["failed"] == 0
+    assert _recap(run, host)["failed"] == 0
     line = _smoke_line(run["output"], host)
     pattern = r"asked 'What is (\d+) \+ (\d+)\? .*the answer (\d+) came in content"
     left, right, expected = re.search(pattern, line).groups()
@@ -564,7 +552,7 @@ def test_the_smoke_question_changes_from_run_to_run(run):
 
 def test_garbage_output_fails_the_smoke_naming_the_reply(run):
     output = " ".join(run["output"].split())
-    assert _recap(run["output"], "garbage")["failed"] == 1
+    assert _recap(run, "garbage")["failed"] == 1
     assert re.search(r"the smoke answer is wrong: asked 'What is \d+ \+ \d+\? Reply with the number only\.', "
                      r"expected \d+; the greedy \(temperature 0\) request got HTTP 200 .*content 'foss foss", output), \
         output[-3000:]
@@ -572,5 +560,5 @@ def test_garbage_output_fails_the_smoke_naming_the_reply(run):
 
 def test_a_deadlocked_engine_fails_the_smoke_at_its_timeout_saying_what_that_means(run):
     output = " ".join(run["output"].split())
-    assert _recap(run["output"], "deadlock")["failed"] == 1
+    assert _recap(run, "deadlock")["failed"] == 1
     assert "the engine answers but did not generate within 3 s: vllm at http://127.0.0.1:" in output

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.playbook_run import PlaybookRun, run_playbook
+
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_DOUBLE = REPO / "tests" / "doubles" / "engine_double.py"
 BENCH_DOUBLE = REPO / "tests" / "doubles" / "bench_client_double.py"
@@ -247,32 +249,16 @@ def write_inventory(path: Path, hosts: dict[str, dict]) -> None:
     path.write_text(yaml.safe_dump(inventory, sort_keys=False), encoding="utf-8")
 
 
-def run_playbook(
-    inventory: Path, playbook: str = "playbooks/verify.yml", *extra: str, timeout_s: float = 480,
-    env: dict[str, str] | None = None, verbosity: str = "-vvv",
-) -> subprocess.CompletedProcess[str]:
+def run_verify(
+    inventory: Path, playbook: str = "playbooks/verify.yml", *extra: str, timeout_s: int = 480,
+    env: dict[str, str] | None = None, verbosity: str = "-vvv", workdir: Path | None = None,
+) -> PlaybookRun:
+    """Run a playbook (verify.yml) against the doubles' inventory through tests/playbook_run.py."""
     # timeout_s catches a hung play, not a slow machine: the 13-host verify play takes about 120 s on 2 quiet
     # cores and went past 150 s on a cold run, beside the contract venvs and the image building in the background.
-    env = {
-        **os.environ,
-        **(env or {}),
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_RETRY_FILES_ENABLED": "0",
-        "ANSIBLE_PIPELINING": "1",
-    }
-    venv_bin = Path(sys.executable).parent
-    program = str(venv_bin / "ansible-playbook") if (venv_bin / "ansible-playbook").exists() else "ansible-playbook"
-    return subprocess.run(
-        [program, "-i", str(inventory), playbook, verbosity, *extra],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    envvars = {**(env or {}), "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_PIPELINING": "1"}
+    return run_playbook(playbook, inventory, extra_args=[verbosity, *extra], envvars=envvars, workdir=workdir,
+                        timeout=timeout_s)
 
 
 def host_report_dir(report_root: Path, host: str) -> Path:

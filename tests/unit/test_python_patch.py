@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 from tests.module_utils_loader import use_repository_module_utils  # noqa: E402
+from tests.playbook_run import run_module  # noqa: E402
 
 use_repository_module_utils()
 
@@ -327,19 +327,10 @@ def test_touches_must_match_the_patch(engine: Engine):
         bp.load_patchset(str(engine.set_dir), manifest)
 
 
-def _ansible(engine: Engine, args: dict, *extra: str) -> dict:
-    """Run the real module through ansible (ad hoc, local) and return its result for localhost."""
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}
-    ansible = Path(sysconfig.get_path("scripts")) / "ansible"
-    command = [str(ansible), "localhost", "-i", "localhost,", "-c", "local",
-               "-e", f"ansible_python_interpreter={sys.executable}", "-m", "blackwell.serving.python_patch",
-               "-a", json.dumps(args), *extra]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, check=False)
-    start = proc.stdout.find("{")
-    assert start >= 0, proc.stdout + proc.stderr
-    output, _ = json.JSONDecoder().raw_decode(proc.stdout[start:])
-    return output["plays"][0]["tasks"][0]["hosts"]["localhost"]
+def _ansible(engine: Engine, args: dict, *, check: bool = False) -> dict:
+    """Run the real module through ansible (ad hoc, local, tests/playbook_run.py); its result for localhost."""
+    return run_module("blackwell.serving.python_patch", json.dumps(args), check=check, diff=check,
+                      workdir=engine.root)
 
 
 @pytest.mark.integration
@@ -349,7 +340,7 @@ def test_module_through_ansible_check_diff_then_apply(engine: Engine):
     args = {"patchset": str(engine.set_dir), "manifest": manifest, "python": engine.python,
             "state_dir": str(engine.state_dir), "engine": "demo"}
     before = engine.snapshot()
-    checked = _ansible(engine, args, "--check", "--diff")
+    checked = _ansible(engine, args, check=True)
     assert checked["changed"] is True and checked["state"] == "applied"
     assert '+    "kimi_k2",' in checked["unified_diff"]
     assert engine.snapshot() == before

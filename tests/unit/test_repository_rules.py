@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -281,3 +282,89 @@ def test_the_engine_name_rule_sees_a_name_in_code_and_not_in_prose(tmp_path: Pat
     assert not outside_engine_name_paths("roles/sglang/tasks/main.yml")
     assert not outside_engine_name_paths("deploy_sglang.yml") and not outside_engine_name_paths("site.yml")
     assert not outside_engine_name_paths("plugins/module_utils/release/proof_record.py")
+
+
+# One way for tests to run a playbook and read its result: tests/playbook_run.py (ansible-runner and its events).
+PLAYBOOK_RUNNER = "tests/playbook_run.py"
+RULE_FILE = "tests/unit/test_repository_rules.py"  # this file: it spells out what the rule looks for
+# Test code that starts ansible another way, each for a reason the runner cannot serve.
+OTHER_PLAYBOOK_STARTS = {
+    # a power cut: the controller is frozen and killed mid-run in a session of its own (SIGSTOP, SIGKILL)
+    "tests/integration/lifecycle_helpers.py",
+    # a full disk: ansible-playbook runs under unshare with a 64 KiB tmpfs mounted in a private mount namespace
+    "tests/integration/model_helpers.py",
+    # the README's own commands, run verbatim as a newcomer types them
+    "tests/integration/test_readme_first_hour.py",
+}
+# Starting ansible (ansible-playbook named in code, ansible in a command line), or reading its printed output
+# instead of the runner's events.
+PLAYBOOK_PROGRAM = re.compile(r"(^|/)ansible-playbook$")
+ANSIBLE_PROGRAMS = re.compile(r"(^|/)(ansible-playbook|ansible)$")
+OUTPUT_SCRAPING = re.compile(r"PLAY RECAP|TASK \[|ANSIBLE_STDOUT_CALLBACK|ANSIBLE_CALLBACK|ok=\\d|changed=\(")
+COMMAND_CALLS = {"run", "Popen", "check_call", "check_output", "call", "execvp", "execv"}
+
+
+def _docstring_ids(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _command_constants(tree: ast.AST) -> set[int]:
+    """Strings inside a list or tuple literal (an argv) or inside the arguments of a process-starting call."""
+    roots = [node for node in ast.walk(tree) if isinstance(node, ast.List | ast.Tuple)]
+    roots += [arg for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) in COMMAND_CALLS for arg in node.args]
+    return {id(leaf) for root in roots for leaf in ast.walk(root) if isinstance(leaf, ast.Constant)}
+
+
+def _looked_up_or_compared(tree: ast.AST) -> set[int]:
+    """Strings that only find a program (shutil.which) or compare a word with its name: no start."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) or (isinstance(node, ast.Call)
+                                             and getattr(node.func, "attr", None) == "which"):
+            found |= {id(leaf) for leaf in ast.walk(node) if isinstance(leaf, ast.Constant)}
+    return found
+
+
+def playbook_starts(path: Path) -> list[str]:
+    """Where a Python file starts ansible (`import ansible_runner`, its program in a command) or scrapes its
+    printed output (recap lines, task banners, another stdout callback)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings, commands, harmless = _docstring_ids(tree), _command_constants(tree), _looked_up_or_compared(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {alias.name}") for alias in node.names if alias.name == "ansible_runner"]
+        elif isinstance(node, ast.ImportFrom) and node.module == "ansible_runner":
+            found.append((node.lineno, "from ansible_runner import"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings and (
+                (id(node) in commands and ANSIBLE_PROGRAMS.search(node.value))
+                or (id(node) not in harmless and PLAYBOOK_PROGRAM.search(node.value))
+                or OUTPUT_SCRAPING.search(node.value)):
+            found.append((node.lineno, repr(node.value[:60])))
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+def test_tests_start_playbooks_only_through_the_one_runner():
+    """Host scenarios, Molecule verifiers, contract and GPU tests run playbooks with tests/playbook_run.py and read
+    recaps and task results from its events; scripts/ci_playbook.py, a program of its own, is run as users run it."""
+    test_code = [path for folder in ("tests", "molecule") for path in (REPO / folder).rglob("*.py")
+                 if "__pycache__" not in path.parts]
+    offenders = {relative: found for path in test_code
+                 if (relative := str(path.relative_to(REPO))) not in {PLAYBOOK_RUNNER, RULE_FILE,
+                                                                       *OTHER_PLAYBOOK_STARTS}
+                 and (found := playbook_starts(path))}
+    assert offenders == {}, f"run playbooks with {PLAYBOOK_RUNNER} (run_playbook, run_module): {offenders}"
+
+
+def test_the_runner_rule_sees_a_start_and_a_scrape_and_not_prose(tmp_path: Path):
+    code = tmp_path / "x.py"
+    code.write_text('"""Runs ansible-playbook."""\nimport ansible_runner\n'
+                    'subprocess.run(["ansible-playbook", "site.yml"])\nrecap = out.split("PLAY RECAP")\n'
+                    '# ansible-playbook\nprint("ansible-playbook ran")\nshutil.which("ansible-playbook")\n'
+                    'work = tmp / "ansible"\nos.execv(venv / "bin/ansible", args)\n'
+                    'program = str(venv / "ansible-playbook")\n')
+    assert playbook_starts(code) == ["2: import ansible_runner", "3: 'ansible-playbook'", "4: 'PLAY RECAP'",
+                                     "9: 'bin/ansible'", "10: 'ansible-playbook'"]

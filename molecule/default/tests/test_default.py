@@ -6,38 +6,38 @@ Tests run in file order; the teardown test comes last because it stops what the 
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import testinfra.utils.ansible_runner
+
+from tests import playbook_run  # the repository root is on the path (pyproject.toml: pythonpath)
+from tests.playbook_run import PlaybookRun
 
 INVENTORY_FILE = os.environ["MOLECULE_INVENTORY_FILE"]
 INVENTORY_DIR = str(Path(INVENTORY_FILE).parent)
 REPO = Path(__file__).resolve().parents[3]
 # testinfra's native podman backend: one `podman exec` per command instead of one Ansible run.
-testinfra_hosts = [
-    "podman://" + name
-    for name in testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY_FILE).get_hosts("gpu_servers")
-]
+HOSTS = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY_FILE).get_hosts("gpu_servers")
+testinfra_hosts = ["podman://" + name for name in HOSTS]
+# What the playbook runs take from Molecule's environment: the toolchain, the configuration and the hosts'
+# connection plugin (molecule.yml).
+PLAYBOOK_ENV = ("PATH", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CONNECTION_PLUGINS")
 
 HEALTH = ("python3 -c \"import urllib.request as u; "
           "print(u.urlopen('http://127.0.0.1:30000/health', timeout=10).status)\"")
 
 
-def run_playbook(name: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["ansible-playbook", "-i", INVENTORY_DIR, str(REPO / "playbooks" / name), *extra],
-        capture_output=True, text=True, check=False, cwd=REPO,
-        # Molecule exports ANSIBLE_FORCE_COLOR; colour codes would glue onto the recap's counter names.
-        env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"},
+def run_playbook(name: str, *, check: bool = False) -> PlaybookRun:
+    """A playbook of the repository against the scenario's inventory (tests/playbook_run.py)."""
+    return playbook_run.run_playbook(
+        f"playbooks/{name}", INVENTORY_DIR, check=check, diff=check, timeout=600,
+        envvars={name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ},
     )
 
 
-def recap_counts(output: str) -> dict[str, int]:
-    """The counters of the PLAY RECAP line (not of any earlier line that happens to contain 'ok=')."""
-    recap = output.rsplit("PLAY RECAP", 1)[-1]
-    line = next(line for line in recap.splitlines() if re.search(r"\bok=\d+.*\bchanged=\d+", line))
-    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
+def recap_counts(run: PlaybookRun) -> dict[str, int]:
+    """The recap of the scenario's host (one host: the sum over hosts is its recap)."""
+    return {key: sum(run.recap(host)[key] for host in HOSTS) for key in ("ok", "changed", "failed")}
 
 
 def test_01_unit_is_enabled_and_active(host):
@@ -97,15 +97,15 @@ def test_06_state_records_the_serving_release(host):
 def test_07_check_diff_on_a_deployed_host_changes_nothing(host):
     # `host` keeps this test in the host-parametrised group, so it runs before the teardown test.
     assert host.service("sglang.service").is_running
-    result = run_playbook("deploy_sglang.yml", "--check", "--diff")
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert recap_counts(result.stdout)["changed"] == 0, result.stdout[-3000:]
+    result = run_playbook("deploy_sglang.yml", check=True)
+    assert result.rc == 0, result.stdout[-3000:]
+    assert recap_counts(result)["changed"] == 0, result.stdout[-3000:]
     assert "--- before" not in result.stdout
 
 
 def test_99_teardown_leaves_the_unit_inactive_and_disabled(host):
     result = run_playbook("teardown.yml")
-    assert result.returncode == 0, result.stdout[-3000:]
+    assert result.rc == 0, result.stdout[-3000:]
     service = host.service("sglang.service")
     assert not service.is_running
     assert not service.is_enabled

@@ -11,14 +11,14 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-import ansible_runner
 import pytest
 import testinfra.utils.ansible_runner
+
+from tests.playbook_run import PlaybookRun, run_playbook  # the repository root is on the path (pyproject.toml)
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
@@ -33,14 +33,13 @@ V590 = "590.48.01-1"
 LOADED_FILE = "/run/nvidia-driver-version-double"
 
 
-def playbook(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ansible-playbook against the scenario's inventory (group_vars included)."""
-    cmd = ["ansible-playbook", "-i", str(Path(INVENTORY).parent), *args]
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=600, check=False)
+def playbook(path: str, *args: str) -> PlaybookRun:
+    """Run a playbook against the scenario's inventory (group_vars included) through tests/playbook_run.py."""
+    return run_playbook(path, Path(INVENTORY).parent, extra_args=list(args), timeout=600, workdir=EPHEMERAL,
+                        envvars={name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ})
 
 
-def probe(role: str, *extra: str, tasks_from: str = "main") -> subprocess.CompletedProcess[str]:
+def probe(role: str, *extra: str, tasks_from: str = "main") -> PlaybookRun:
     return playbook(
         str(SCENARIO / "tests" / "role_probe.yml"),
         "-e",
@@ -51,10 +50,9 @@ def probe(role: str, *extra: str, tasks_from: str = "main") -> subprocess.Comple
     )
 
 
-def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
-    match = re.search(r"ok=(\d+) changed=(\d+) unreachable=(\d+) failed=(\d+)", one_line(result.stdout))
-    assert match, result.stdout[-3000:] + result.stderr[-2000:]
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups()), strict=True))
+def recap(result: PlaybookRun) -> dict[str, int]:
+    assert result.played(HOSTS[0]), result.stdout[-3000:]
+    return result.recap(HOSTS[0])
 
 
 def one_line(text: str) -> str:
@@ -295,21 +293,18 @@ def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
     }
     extra = EPHEMERAL / "alias-probes.yml"
     extra.write_text(json.dumps({"all": {"children": {"gpu_servers": {"hosts": hosts}}}}))
-    runner = ansible_runner.run(
-        private_data_dir=tempfile.mkdtemp(prefix="runner-", dir=EPHEMERAL), project_dir=str(REPO),
-        playbook=str(SCENARIO / "tests" / "role_probe.yml"), inventory=[str(Path(INVENTORY).parent), str(extra)],
-        limit=",".join(aliases), suppress_env_files=True, quiet=True,
-        envvars={name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ},
+    runner = run_playbook(
+        SCENARIO / "tests" / "role_probe.yml", [Path(INVENTORY).parent, extra], limit=",".join(aliases),
+        workdir=EPHEMERAL, timeout=600, envvars={name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ},
     )  # fmt: skip
-    assert runner.stats, f"the probe run ended without a recap ({runner.status}): {runner.stdout.read()[-3000:]}"
+    assert runner.stats, f"the probe run ended without a recap ({runner.status}): {runner.stdout[-3000:]}"
     per_case = {
-        case: {"stats": {key: runner.stats.get(key, {}).get(alias, 0) for key in ("ok", "changed", "failures")},
-               "results": []}
+        case: {"stats": {key: runner.count(key, alias) for key in ("ok", "changed", "failures")}, "results": []}
         for alias, case in aliases.items()
     }  # fmt: skip
-    for event in runner.events:
+    for event in runner.task_events:
         data = event.get("event_data", {})
-        if event.get("event", "").startswith("runner_on_") and data.get("host") in aliases and "res" in data:
+        if data.get("host") in aliases and "res" in data:
             per_case[aliases[data["host"]]]["results"].append(
                 TaskResult(event["event"], data.get("role", ""), data.get("task", ""), data["res"])
             )
@@ -351,7 +346,7 @@ def background_runs():
 
 def test_check_mode_changes_nothing_on_a_converged_host(background_runs):
     result = background_runs["check"].result()
-    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.rc == 0, result.stdout[-4000:]
     counts = recap(result)
     assert counts["changed"] == 0 and counts["failed"] == 0, counts
     assert "SKIPPING hardware steps" in result.stdout, "the hardware skip must be visible"
@@ -367,13 +362,13 @@ def test_reboot_pending_then_already_running(host):
     try:
         write_loaded_version(host, "575.51.03")
         pending = probe("nvidia_driver", "-e", f"nvidia_driver_loaded_version_file={LOADED_FILE}", tasks_from="status")
-        assert pending.returncode == 0, pending.stdout[-3000:]
+        assert pending.rc == 0, pending.stdout[-3000:]
         assert "REBOOT PENDING: NVIDIA driver 580.95.05 is installed, the loaded module is 575.51.03" in one_line(
             pending.stdout
         )
         write_loaded_version(host, "580.95.05")
         running = probe("nvidia_driver", "-e", f"nvidia_driver_loaded_version_file={LOADED_FILE}", tasks_from="status")
-        assert running.returncode == 0, running.stdout[-3000:]
+        assert running.rc == 0, running.stdout[-3000:]
         text = one_line(running.stdout)
         assert "ALREADY RUNNING: NVIDIA driver 580.95.05" in text
         assert "REBOOT PENDING" not in text
@@ -413,14 +408,14 @@ def test_branch_change_moves_cleanly_and_back(host, background_runs):
     for future in background_runs.values():
         future.result()
     to_590 = probe("nvidia_driver", "-e", "nvidia_driver_branch=590")
-    assert to_590.returncode == 0, one_line(to_590.stdout)[-3000:]
+    assert to_590.rc == 0, one_line(to_590.stdout)[-3000:]
     assert policy(host, "nvidia-open") == (V590, V590)
     assert host.package("nvidia-driver-pinning-590").is_installed
     assert not host.package("nvidia-driver-pinning-580").is_installed
     assert "Pin: version 590.*" in host.file("/etc/apt/preferences.d/nvidia-driver-branch.pref").content_string
 
     back = probe("nvidia_driver")
-    assert back.returncode == 0, one_line(back.stdout)[-3000:]
+    assert back.rc == 0, one_line(back.stdout)[-3000:]
     for package in ("nvidia-open", "nvidia-kernel-open-dkms", "libnvidia-compute"):
         assert policy(host, package) == (V580, V580), package
     assert host.package("nvidia-driver-pinning-580").is_installed
@@ -439,7 +434,7 @@ def test_changed_requirement_set_builds_a_new_venv_and_leaves_the_old_one_as_it_
     [old] = the_venvs(host)
     old_digest = tree_digest(host, old)
     changed = probe("python_env", *venv, "-e", SET_V2)
-    assert changed.returncode == 0, one_line(changed.stdout)[-3000:]
+    assert changed.rc == 0, one_line(changed.stdout)[-3000:]
     synced = r"uv pip sync --require-hashes\)\][^\[]*?changed: \["
     assert re.search(synced, one_line(changed.stdout)), "a changed set must be installed"
     new = [v for v in the_venvs(host) if v != old]
