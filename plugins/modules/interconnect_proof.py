@@ -16,16 +16,17 @@ description:
     C(EnvironmentFile=), C(LoadCredential=), the state and cache directories and all hardening) - everything but
     how systemd starts, stops and restarts it - so the proof meets the user, environment and sandbox the engine
     will meet.
-  - The ranks set the NCCL/CUDA variables the engine sets inside its own process (O(engine), O(engine_flags)), then
-    run float32 all-reduces, small bfloat16 messages, an all-reduce captured in a CUDA graph and, when the profile
-    turns a peer-to-peer all-reduce on (C(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE) or O(custom_all_reduce)) on 2 or more
+  - The ranks set the NCCL/CUDA variables the engine sets inside its own process (O(engine_model), O(engine_flags)),
+    then run float32 all-reduces, small bfloat16 messages, an all-reduce captured in a CUDA graph and, when the profile
+    turns a peer-to-peer all-reduce on (an environment switch of the engine model, SGLang's
+    C(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE) say, or O(custom_all_reduce)) on 2 or more
     GPUs, CUDA IPC peer writes (docs/provisioning.md, "Interconnect proof").
   - A proof is recorded under O(records_dir) by a key that hashes O(identity) (driver version, GPU uuids, engine
-    version), the world size, backend, the python, the proof script, the engine settings (O(engine),
-    O(engine_flags), O(custom_all_reduce)) and the C(NCCL_*), C(CUDA_*), C(TORCH_NCCL_*), C(NVIDIA_*), C(SGLANG_*)
-    and C(VLLM_*) variables the unit gives the engine (from C(Environment=) and C(EnvironmentFile=)), less names
-    that look like secrets (C(KEY), C(TOKEN), C(SECRET), C(PASSWORD), C(CREDENTIAL)); no other variable is read
-    into the key or the record. A recorded proof for the same key is reported and not run again.
+    version), the world size, backend, the python, the proof script, the engine settings (O(engine), the content of
+    O(engine_model), O(engine_flags), O(custom_all_reduce)) and the C(NCCL_*), C(CUDA_*), C(TORCH_NCCL_*), C(NVIDIA_*)
+    and O(engine_env_prefixes) variables the unit gives the engine (from C(Environment=) and C(EnvironmentFile=)),
+    less names that look like secrets (C(KEY), C(TOKEN), C(SECRET), C(PASSWORD), C(CREDENTIAL)); no other variable is
+    read into the key or the record. A recorded proof for the same key is reported and not run again.
   - The key also hashes the fabric the proof ran on, read on the host at each call - the boot id, the kernel command
     line, the IOMMU mode and the PCIe ports whose ACS redirects peer-to-peer traffic (C(lspci -vvv)) - so a proof
     does not outlive a reboot (a C(setpci) ACS fix is lost at reboot), a changed command line or BIOS setting; the
@@ -98,12 +99,26 @@ options:
     type: str
     default: systemd-run
   engine:
-    description: Whose in-process NCCL/CUDA settings the ranks apply (SGLang's or vLLM's, as their code sets them); an
-      engine name of the roster the proof script does not model (or C(none)) applies none.
+    description: The engine's name (the roster's), as the report and the record give it.
     type: str
     default: none
+  engine_model:
+    description:
+      - The engine's model on the host (its role's C(files/interconnect_engine.py), which C(engine_service) copies
+        there) - the NCCL/CUDA variables the engine sets in its own process before its first NCCL call, which the
+        ranks apply, and the environment switches that turn on its own peer-to-peer all-reduce.
+      - Empty - no engine settings are applied. Its content is hashed into the key.
+    type: path
+    default: ""
+  engine_env_prefixes:
+    description: The engine's own environment variable prefixes (the roster's C(env_prefixes)), keyed and reported
+      beside C(NCCL_*), C(CUDA_*), C(TORCH_NCCL_*) and C(NVIDIA_*).
+    type: list
+    elements: str
+    default: []
   engine_flags:
-    description: The profile's engine switches that change those settings (C(enable-symm-mem), C(enable-nccl-nvls)).
+    description: The profile's engine switches that change those settings (the engine model's C(FLAGS); SGLang's are
+      C(enable-symm-mem) and C(enable-nccl-nvls)).
     type: list
     elements: str
     default: []
@@ -143,6 +158,9 @@ EXAMPLES = r"""
     identity: {driver_version: 580.105.08, gpus: ["GPU-..."], engine: sglang 0.5.23}
     records_dir: /var/lib/llm-serving/interconnect
     release: sglang-0123456789ab
+    engine: sglang
+    engine_model: /usr/local/libexec/llm-serving/interconnect_engine_sglang.py
+    engine_env_prefixes: [SGLANG_]
 """
 
 RETURN = r"""
@@ -151,7 +169,8 @@ key:
   returned: always
   type: str
 environment:
-  description: The NCCL/CUDA/SGLANG/VLLM variables the unit gives the engine (part of the key).
+  description: The NCCL/CUDA variables and the engine's own (O(engine_env_prefixes)) the unit gives the engine (part of
+    the key).
   returned: always
   type: dict
 fabric:
@@ -239,6 +258,10 @@ def systemd_run_argv(params: dict[str, Any], settings: list[tuple[str, str]], un
              "--backend", params["backend"], "--timeout-s", str(params["timeout_s"]),
              "--sizes-mib", ",".join(f"{float(m):g}" for m in params["sizes_mib"]),
              "--nvidia-smi", params["nvidia_smi"], "--engine", params["engine"]]
+    if params["engine_model"]:
+        argv += ["--engine-model", params["engine_model"]]
+    if params["engine_env_prefixes"]:
+        argv += ["--env-prefixes", ",".join(params["engine_env_prefixes"])]
     if params["engine_flags"]:
         argv += ["--engine-flags", ",".join(params["engine_flags"])]
     if params["custom_all_reduce"]:
@@ -264,7 +287,8 @@ def record_of(report: dict[str, Any], key: str, params: dict[str, Any], environm
 
 
 def engine_of(params: dict[str, Any]) -> dict[str, Any]:
-    return engine_settings(params["engine"], params["engine_flags"], params["custom_all_reduce"])
+    model = file_digest(params["engine_model"]) if params["engine_model"] else None
+    return engine_settings(params["engine"], params["engine_flags"], params["custom_all_reduce"], model=model)
 
 
 def run_proof(module: AnsibleModule, argv: list[str], unit_name: str) -> tuple[int, str, str]:
@@ -300,6 +324,8 @@ def main() -> None:
             "systemd_run": {"type": "str", "default": "systemd-run"},
             "fabric_sources": {"type": "dict", "default": {}},
             "engine": {"type": "str", "default": "none"},
+            "engine_model": {"type": "path", "default": ""},
+            "engine_env_prefixes": {"type": "list", "elements": "str", "default": []},
             "engine_flags": {"type": "list", "elements": "str", "default": []},
             "custom_all_reduce": {"type": "bool", "default": False},
         },
@@ -311,7 +337,7 @@ def main() -> None:
         module.fail_json(msg=f"the unit file {params['unit_file']} cannot be read")
     settings = service_settings(unit_text)
     try:
-        environment = interconnect_environment(unit_environment(settings))
+        environment = interconnect_environment(unit_environment(settings), params["engine_env_prefixes"])
     except OSError as exc:
         module.fail_json(msg=str(exc))
     unit_environment_as_run, environment = environment, release_neutral(environment,
@@ -341,7 +367,7 @@ def main() -> None:
     if rc != 0 or not report or not report.get("ok"):
         module.fail_json(msg=failure_message(report, rc, stderr, unit_name), report=report, key=key,
                          environment=environment, ran=True, proven=False)
-    seen = interconnect_environment(report.get("environment") or {})
+    seen = interconnect_environment(report.get("environment") or {}, params["engine_env_prefixes"])
     if seen != unit_environment_as_run:
         module.fail_json(msg=f"interconnect proof ran with another NCCL/CUDA/engine environment than "
                              f"{os.path.basename(params['unit_file'])} "

@@ -71,7 +71,9 @@ def nvidia_smi_double(tmp_path: Path, mig: list[str]) -> Path:
 
 def test_healthy_proof_passes_with_right_sums_and_reports_who_ran_it(shipped: Path):
     proc, _ = run_proof(shipped, "--world-size", "3", "--backend", "gloo", "--sizes-mib", "1,4",
-                        "--timeout-s", "90", "--skip-mig-check", "--engine", "sglang",
+                        "--timeout-s", "90", "--skip-mig-check", "--engine", "sglang", "--engine-model",
+                        str(REPO_ROOT / "roles" / "sglang" / "files" / "interconnect_engine.py"),
+                        "--env-prefixes", "SGLANG_,VLLM_",
                         env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "NCCL_NVLS_ENABLE": "1",
                              "VLLM_API_KEY": "s3cr3t"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

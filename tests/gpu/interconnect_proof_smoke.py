@@ -54,6 +54,8 @@ def main() -> int:
         shutil.copy(PCIE, tmp)
         argv = [args.python, str(Path(tmp) / SCRIPT.name), "--world-size", str(args.world_size), "--backend", "nccl",
                 "--sizes-mib", args.sizes_mib, "--timeout-s", args.timeout_s, "--engine", args.engine]
+        model = REPO / "roles" / args.engine / "files" / "interconnect_engine.py"  # the engine role's model
+        argv += ["--engine-model", str(model), "--env-prefixes", f"{args.engine.upper()}_"] if model.is_file() else []
         argv += ["--custom-all-reduce"] if args.custom_all_reduce else []
         if os.geteuid() == 0 and shutil.which("unshare"):
             argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]

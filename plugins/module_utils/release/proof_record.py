@@ -3,10 +3,10 @@
 """The interconnect proof's record: its key, the records on the host, what changed, the messages (stdlib only).
 
 Used by the interconnect_proof module. The key hashes what the proof depends on: the identity (driver version,
-GPU uuids, engine version), world size, backend, python, the unit's NCCL_*/CUDA_*/TORCH_NCCL_*/NVIDIA_*/SGLANG_*/
-VLLM_* variables (names that look like secrets left out, as the proof script reports them), the engine's own
-settings the proof applies (engine, its switches that shape NCCL, whether its custom all-reduce runs), the proof
-script itself, and the fabric.
+GPU uuids, engine version), world size, backend, python, the unit's NCCL_*/CUDA_*/TORCH_NCCL_*/NVIDIA_* variables and
+the engine's own (its roster prefixes; names that look like secrets left out, as the proof script reports them),
+the engine's own settings the proof applies (engine, its model file, its switches that shape NCCL, whether its
+custom all-reduce runs), the proof script itself, and the fabric.
 """
 
 from __future__ import annotations
@@ -16,30 +16,36 @@ import json
 import os
 from typing import Any
 
-ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_", "SGLANG_", "VLLM_")
-# As roles/engine_service/files/interconnect_proof.py: never keyed nor recorded (VLLM_API_KEY is in the unit).
+ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")  # beside the engine's own (the roster's env_prefixes)
+# As roles/engine_service/files/interconnect_proof.py: never keyed nor recorded (an API key can be in the unit).
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 README_FIX = "docs/provisioning.md, section 'Interconnect: IOMMU and ACS'"
 
 
-def interconnect_environment(env: dict[str, str]) -> dict[str, str]:
+def interconnect_environment(env: dict[str, str], engine_prefixes: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
     """The unit's variables that shape the engine's communication, as the proof script reports them."""
-    return {k: v for k, v in sorted(env.items())
-            if k.startswith(ENV_PREFIXES) and not any(word in k for word in SECRET_WORDS)}
+    return without_secrets({k: v for k, v in env.items() if k.startswith((*ENV_PREFIXES, *engine_prefixes))})
+
+
+def without_secrets(env: dict[str, str]) -> dict[str, str]:
+    """The variables less those whose names look like secrets, sorted by name."""
+    return {k: v for k, v in sorted(env.items()) if not any(word in k for word in SECRET_WORDS)}
 
 
 def release_neutral(env: dict[str, str], release_dir: str) -> dict[str, str]:
     """The environment as the record keys it: a path inside the release's own directory (SGLang's
-    SGLANG_LOGGING_CONFIG_PATH, say) names the release, not the fabric, and would make every release prove again."""
+    logging configuration path, say) names the release, not the fabric, and would make every release prove again."""
     if not release_dir:
         return dict(env)
     return {k: v.replace(release_dir.rstrip("/") + "/", "<release>/") for k, v in env.items()}
 
 
 def engine_settings(engine: str = "none", engine_flags: list[str] | None = None,
-                    custom_all_reduce: bool = False) -> dict[str, Any]:
-    """The engine's own settings the proof applies (its in-process NCCL/CUDA variables, its peer-to-peer path)."""
-    return {"engine": engine, "engine_flags": sorted(engine_flags or []), "custom_all_reduce": bool(custom_all_reduce)}
+                    custom_all_reduce: bool = False, *, model: str | None = None) -> dict[str, Any]:
+    """The engine's own settings the proof applies (its in-process NCCL/CUDA variables, its peer-to-peer path);
+    ``model``: the digest of the engine model file that says what those are."""
+    return {"engine": engine, "model": model, "engine_flags": sorted(engine_flags or []),
+            "custom_all_reduce": bool(custom_all_reduce)}
 
 
 def file_digest(path: str) -> str | None:
@@ -59,7 +65,7 @@ def proof_key(identity: dict, world_size: int, backend: str, python: str, enviro
               fabric: dict[str, Any] | None = None, engine: dict[str, Any] | None = None,
               script: str | None = None) -> str:
     material = {"identity": identity, "world_size": int(world_size), "backend": backend, "python": python,
-                "environment": interconnect_environment(environment)}
+                "environment": without_secrets(environment)}
     if fabric is not None:
         material["fabric"] = fabric
     if engine is not None and engine != engine_settings():

@@ -4,20 +4,22 @@
 Run it with the engine venv's python, the way the engine runs (same user, environment and GPUs):
 
     <venv>/bin/python interconnect_proof.py --world-size 8 [--backend nccl] [--sizes-mib 1,64,256]
-        [--engine sglang|vllm|none] [--engine-flags enable-nccl-nvls,...] [--custom-all-reduce]
+        [--engine NAME --engine-model FILE] [--engine-flags FLAG,...] [--env-prefixes PREFIX_,...]
+        [--custom-all-reduce]
         [--bf16-kib 4,64,256,1024] [--timeout-s 60] [--gpus 0,1,...] [--diagnostics FILE] [--json-out FILE]
 
 The parent process is standard library only: it checks that MIG is off on the GPUs (nvidia-smi, under a
 timeout), starts one process per rank (this file, ``--rank``; each imports torch), and waits for all of them
 until the deadline. A rank first sets the NCCL/CUDA variables the engine sets inside its own process before its
-first NCCL call (``--engine``; see ``engine_environment``), joins the process group through a file store, then:
+first NCCL call (``--engine-model``, the engine role's ``files/interconnect_engine.py``; see ``EngineModel``),
+joins the process group through a file store, then:
 
 1. all-reduces a float32 tensor of each ``--sizes-mib`` size filled with ``rank + 1`` (eager) and checks that
    every element is the sum ``n (n + 1) / 2``;
 2. the engine's traffic: small bfloat16 messages (``--bf16-kib``, several times each; the sums are small integers,
    exact in bfloat16), then one all-reduce captured in a CUDA graph (``torch.cuda.CUDAGraph``) on a static bfloat16
    tensor, replayed with new values each time and checked after each replay - NCCL backend on CUDA only;
-3. when the profile turns on a peer-to-peer all-reduce (``SGLANG_ENABLE_PCIE_IPC_ALLREDUCE`` for SGLang, or
+3. when the profile turns on a peer-to-peer all-reduce (one the engine model's environment switch turns on, or
    ``--custom-all-reduce``), at world size >= 2: each rank exports a bfloat16 inbox by CUDA IPC handle, opens every
    peer's inbox in its own device's context (as the engines' custom all-reduce does) and writes its values
    straight into them; the sums are checked (see ``ipc_all_reduce`` for what of the engine's kernels this is not).
@@ -30,8 +32,9 @@ pcie.py, shipped beside this file), ``nvidia-smi topo -p2p r`` and where the doc
 may add its own facts with ``--diagnostics FILE`` (JSON).
 
 Output: one human line on stderr, one JSON document on stdout (and in ``--json-out``). It always carries the
-uid, user, the NCCL_*/CUDA_*/TORCH_NCCL_*/NVIDIA_*/SGLANG_*/VLLM_* environment the ranks were started with (names
-that look like secrets left out) and a hash of it, and the variables the ranks set on top as the engine does.
+uid, user, the NCCL_*/CUDA_*/TORCH_NCCL_*/NVIDIA_* and engine (``--env-prefixes``) environment the ranks were
+started with (names that look like secrets left out) and a hash of it, and the variables the ranks set on top as
+the engine does.
 Exit status: 0 proven, 1 failed (ranks wrong, crashed or not finished), 2 refused before starting (MIG on,
 bad arguments).
 
@@ -45,6 +48,7 @@ import argparse
 import contextlib
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import pwd
@@ -60,63 +64,60 @@ from typing import Any, NamedTuple
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
 HANG_ENV = "BWS_PROOF_TEST_HANG_RANK"
-ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_", "SGLANG_", "VLLM_")
-# Never reported nor keyed: an engine's variables can carry credentials (VLLM_API_KEY).
+ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_", "NVIDIA_")  # beside the engine's own (--env-prefixes)
+# Never reported nor keyed: an engine's variables can carry credentials (an API key).
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 README_FIX = "docs/provisioning.md, section 'Interconnect: IOMMU and ACS'"
 
 
 # ---------------------------------------------------------------- the engine's own settings (standard library)
 
-# vLLM 0.33.0 sets no NCCL variable on its default CUDA serving path; with VLLM_BATCH_INVARIANT=1 it sets these
-# (vllm/model_executor/determinism/batch_invariant.py override_envs_for_invariance: NCCL_LAUNCH_MODE directly,
-# the rest through vllm/utils/nccl.py pin_nccl_env), overriding what the unit sets.
-VLLM_BATCH_INVARIANT_NCCL = {
-    "NCCL_LAUNCH_MODE": "GROUP", "NCCL_COLLNET_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_NET_DISABLE": "1",
-    "NCCL_MIN_NCHANNELS": "1", "NCCL_MAX_NCHANNELS": "1", "NCCL_PROTO": "Simple",
-    "NCCL_ALGO": "ring,tree;allreduce:tree", "NCCL_NTHREADS": "1", "NCCL_SOCKET_NTHREADS": "1"}
-ENGINE_FLAGS = ("enable-symm-mem", "enable-nccl-nvls")
-TRUE_WORDS = ("true", "1", "yes", "y")  # SGLang's EnvBool (python/sglang/srt/environ.py)
+
+class EngineModel(NamedTuple):
+    """What an engine does to its communication in its own process: its role's ``files/interconnect_engine.py``."""
+
+    flags: tuple[str, ...]  # the profile's switches that change what it sets
+    switches: tuple[str, ...]  # environment variables that turn on its own peer-to-peer all-reduce
+    process_environment: Any  # (env, flags) -> the NCCL/CUDA variables it sets before its first NCCL call
+    peer_all_reduce: Any  # (env) -> which of its peer-to-peer all-reduces env turns on, or None
 
 
-def proof_environment(env: dict[str, str]) -> dict[str, str]:
+NO_ENGINE = EngineModel((), (), lambda env, flags: {}, lambda env: None)
+
+
+def load_engine_model(path: str | None) -> EngineModel:
+    """The engine model at ``path`` (a Python file, standard library only), or none when no path is given."""
+    if not path:
+        return NO_ENGINE
+    spec = importlib.util.spec_from_file_location("interconnect_engine", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    missing = [name for name in ("FLAGS", "PEER_ALL_REDUCE_SWITCHES", "process_environment", "peer_all_reduce")
+               if not hasattr(module, name)]
+    if missing:
+        raise ValueError(f"{path}: the engine model lacks {', '.join(missing)}")
+    return EngineModel(tuple(module.FLAGS), tuple(module.PEER_ALL_REDUCE_SWITCHES), module.process_environment,
+                       module.peer_all_reduce)
+
+
+def proof_environment(env: dict[str, str], engine_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
     """The variables that shape the engine's communication, names that look like secrets left out."""
     return {k: v for k, v in sorted(env.items())
-            if k.startswith(ENV_PREFIXES) and not any(word in k for word in SECRET_WORDS)}
+            if k.startswith((*ENV_PREFIXES, *engine_prefixes)) and not any(word in k for word in SECRET_WORDS)}
 
 
-def engine_environment(engine: str, env: dict[str, str], flags: list[str]) -> dict[str, str]:
-    """What the engine sets in its own process before its first NCCL call, given the environment it starts with.
-
-    SGLang 0.5.23, python/sglang/srt/entrypoints/engine.py ``_set_envs_and_config``: NCCL_CUMEM_ENABLE and
-    NCCL_NVLS_ENABLE where unset (to 0; ``enable-symm-mem`` forces both to 1, ``enable-nccl-nvls`` forces NVLS to
-    1), and CUDA_DEVICE_MAX_CONNECTIONS=8 always. Not modelled: the MNNVL fabric (GB200, nnodes > 1), KV-cache
-    sharding's symmetric scratch and ``dcp-size`` > 1 (NCCL_GRAPH_MIXING_SUPPORT), none of which a PCIe host runs.
-    vLLM 0.33.0: nothing on the default path, VLLM_BATCH_INVARIANT_NCCL with VLLM_BATCH_INVARIANT=1; not modelled:
-    NCCL_GRAPH_REGISTER=0 (where unset) with the cuMem sleep mode (vllm/config/vllm.py).
-    """
-    applied: dict[str, str] = {}
-    if engine == "sglang":
-        symm, nvls = "enable-symm-mem" in flags, "enable-nccl-nvls" in flags
-        if "NCCL_CUMEM_ENABLE" not in env or symm:
-            applied["NCCL_CUMEM_ENABLE"] = str(int(symm))
-        if "NCCL_NVLS_ENABLE" not in env or nvls or symm:
-            applied["NCCL_NVLS_ENABLE"] = str(int(nvls or symm))
-        applied["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
-    elif engine == "vllm":
-        try:
-            invariant = int(env.get("VLLM_BATCH_INVARIANT", "0") or "0") != 0
-        except ValueError:
-            invariant = False
-        if invariant:
-            applied.update(VLLM_BATCH_INVARIANT_NCCL)
-    return applied
+def engine_environment(model: EngineModel, env: dict[str, str], flags: list[str]) -> dict[str, str]:
+    """What the engine sets in its own process before its first NCCL call, given the environment it starts with."""
+    return dict(model.process_environment(dict(env), list(flags)))
 
 
-def ipc_reason(engine: str, env: dict[str, str], custom_all_reduce: bool) -> str | None:
+def ipc_reason(model: EngineModel, env: dict[str, str], custom_all_reduce: bool) -> str | None:
     """Which peer-to-peer all-reduce of the engine the profile turns on, or None."""
-    if engine == "sglang" and env.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "").strip().lower() in TRUE_WORDS:
-        return "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (FlashInfer PCIe IPC all-reduce)"
+    reason = model.peer_all_reduce(dict(env))
+    if reason:
+        return reason
     if custom_all_reduce:
         return "the engine's custom all-reduce (no disable-custom-all-reduce)"
     return None
@@ -128,13 +129,14 @@ def step_plan(args: argparse.Namespace, env: dict[str, str]) -> list[tuple[str, 
     Every rank decides alike (same arguments and environment), so no rank waits in a collective another skips.
     """
     on_cpu = "skipped: needs the nccl backend on CUDA GPUs (gloo runs on the CPU)"
-    ipc = ipc_reason(args.engine, env, args.custom_all_reduce)
+    ipc = ipc_reason(args.model, env, args.custom_all_reduce)
+    switches = ", ".join([*args.model.switches, "custom all-reduce"])
     return [("bf16 small messages", on_cpu if args.backend != "nccl" else None),
             ("cuda graph all_reduce", on_cpu if args.backend != "nccl" else None),
             ("ipc peer-write all_reduce", on_cpu if args.backend != "nccl"
              else "not run: needs >= 2 GPUs" if args.world_size < 2
-             else "not run: the profile turns on no peer-to-peer all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, "
-                  "custom all-reduce)" if ipc is None else None)]
+             else f"not run: the profile turns on no peer-to-peer all-reduce ({switches})" if ipc is None
+             else None)]
 
 
 # ---------------------------------------------------------------- rank side (imports torch)
@@ -313,7 +315,7 @@ STEPS = {"bf16 small messages": bf16_messages, "cuda graph all_reduce": graph_al
 def run_rank(args: argparse.Namespace) -> int:
     workdir, rank, world = Path(args.workdir), args.rank, args.world_size
     # As the engine does, in its own process and before anything loads NCCL.
-    applied = engine_environment(args.engine, dict(os.environ), args.engine_flags)
+    applied = engine_environment(args.model, dict(os.environ), args.engine_flags)
     os.environ.update(applied)
     seen = {k: os.environ.get(k) for k in applied}
     write_progress(workdir, rank, "importing torch", engine_environment=seen)
@@ -382,8 +384,8 @@ def run_tool(argv: list[str], timeout_s: float) -> dict[str, Any]:
             "stderr": proc.stderr.strip()[-1000:]}
 
 
-def environment_facts() -> dict[str, Any]:
-    env = proof_environment(dict(os.environ))
+def environment_facts(engine_prefixes: list[str]) -> dict[str, Any]:
+    env = proof_environment(dict(os.environ), tuple(engine_prefixes))
     uid = os.getuid()
     try:
         user = pwd.getpwuid(uid).pw_name
@@ -440,7 +442,9 @@ def start_ranks(args: argparse.Namespace, workdir: Path) -> list[subprocess.Pope
         argv = [sys.executable, str(Path(__file__).resolve()), "--rank", str(rank), "--workdir", str(workdir),
                 "--world-size", str(args.world_size), "--backend", args.backend, "--timeout-s", str(args.timeout_s),
                 "--sizes-mib", ",".join(f"{m:g}" for m in args.sizes_mib), "--engine", args.engine,
-                "--engine-flags", ",".join(args.engine_flags), "--bf16-kib", ",".join(f"{k:g}" for k in args.bf16_kib),
+                *(["--engine-model", args.engine_model] if args.engine_model else []),
+                "--env-prefixes", ",".join(args.env_prefixes), "--engine-flags", ",".join(args.engine_flags),
+                "--bf16-kib", ",".join(f"{k:g}" for k in args.bf16_kib),
                 "--graph-kib", f"{args.graph_kib:g}", "--ipc-kib", f"{args.ipc_kib:g}",
                 "--iterations", str(args.iterations)] + (["--custom-all-reduce"] if args.custom_all_reduce else [])
         log = open(workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115  -- closed after the rank ends
@@ -515,11 +519,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     parser.add_argument("--sizes-mib", default="1,64,256",
                         type=lambda s: [float(x) for x in s.split(",") if x.strip()])
-    parser.add_argument("--engine", default="none",
-                        help="set the NCCL/CUDA variables this engine sets in its own process (sglang, vllm; any "
-                        "other name: none)")
-    parser.add_argument("--engine-flags", default="", help=f"the profile's engine switches that shape them: "
-                        f"{', '.join(ENGINE_FLAGS)}", type=lambda s: [x.strip() for x in s.split(",") if x.strip()])
+    parser.add_argument("--engine", default="none", help="the engine's name, as the report gives it")
+    parser.add_argument("--engine-model", default="",
+                        help="the engine's model (its role's files/interconnect_engine.py): the NCCL/CUDA variables "
+                        "it sets in its own process and its peer-to-peer all-reduce switches; none without it")
+    parser.add_argument("--engine-flags", default="", help="the profile's engine switches that shape them (the "
+                        "model's FLAGS)", type=lambda s: [x.strip() for x in s.split(",") if x.strip()])
+    parser.add_argument("--env-prefixes", default="", help="the engine's own environment variable prefixes, reported "
+                        "beside NCCL_/CUDA_/TORCH_NCCL_/NVIDIA_",
+                        type=lambda s: [x.strip() for x in s.split(",") if x.strip()])
     parser.add_argument("--custom-all-reduce", action="store_true",
                         help="the profile runs the engine's custom (peer-to-peer) all-reduce")
     parser.add_argument("--bf16-kib", default="4,64,256,1024", help="small bfloat16 message sizes, KiB",
@@ -543,9 +551,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.world_size < 1 or args.timeout_s <= 0 or not args.sizes_mib or not args.bf16_kib or min(sizes) <= 0 \
             or args.iterations < 1:
         parser.error("--world-size, --timeout-s, --iterations and every size must be positive")
-    unknown = sorted(set(args.engine_flags) - set(ENGINE_FLAGS))
+    try:
+        args.model = load_engine_model(args.engine_model)
+    except (OSError, SyntaxError, ValueError, ImportError) as exc:
+        parser.error(f"--engine-model: {exc}")
+    unknown = sorted(set(args.engine_flags) - set(args.model.flags))
     if unknown:
-        parser.error(f"--engine-flags: unknown {', '.join(unknown)} (known: {', '.join(ENGINE_FLAGS)})")
+        parser.error(f"--engine-flags: unknown {', '.join(unknown)} (known: {', '.join(args.model.flags) or 'none'})")
     if os.environ.get(HANG_ENV) is not None and args.backend == "nccl":
         parser.error(f"{HANG_ENV} is a test hook for the gloo backend only")
     return args
@@ -565,12 +577,12 @@ def prove(args: argparse.Namespace) -> dict[str, Any]:
     deadline = started + args.timeout_s
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     report: dict[str, Any] = {"backend": args.backend, "world_size": args.world_size, "sizes_mib": args.sizes_mib,
-                              "timeout_s": args.timeout_s, "gpus": gpus, **environment_facts(),
+                              "timeout_s": args.timeout_s, "gpus": gpus, **environment_facts(args.env_prefixes),
                               "engine": args.engine, "engine_flags": args.engine_flags,
                               "custom_all_reduce": args.custom_all_reduce,
-                              "engine_environment": engine_environment(args.engine, dict(os.environ),
+                              "engine_environment": engine_environment(args.model, dict(os.environ),
                                                                        args.engine_flags),
-                              "peer_to_peer_all_reduce": ipc_reason(args.engine, dict(os.environ),
+                              "peer_to_peer_all_reduce": ipc_reason(args.model, dict(os.environ),
                                                                     args.custom_all_reduce),
                               "steps": {name: why or "runs" for name, why in step_plan(args, dict(os.environ))}}
     if args.diagnostics:

@@ -69,7 +69,8 @@ def test_systemd_run_gets_the_units_user_environment_and_hardening_but_not_its_l
     params = {"systemd_run": "systemd-run", "timeout_s": 60, "python": "/opt/sglang/venv/bin/python",
               "script": "/usr/local/libexec/llm-serving/interconnect_proof.py", "world_size": 8, "backend": "nccl",
               "sizes_mib": [1.0, 64.0, 256.0], "nvidia_smi": "nvidia-smi", "gpus": ["0", "1"], "engine": "sglang",
-              "engine_flags": ["enable-nccl-nvls"], "custom_all_reduce": True}
+              "engine_model": "/usr/local/libexec/llm-serving/interconnect_engine_sglang.py",
+              "engine_env_prefixes": ["SGLANG_"], "engine_flags": ["enable-nccl-nvls"], "custom_all_reduce": True}
     argv = proof.systemd_run_argv(params, settings, "sglang-interconnect-proof")
     props = [argv[i + 1] for i, word in enumerate(argv) if word == "-p"]
     assert "User=sglang" in props and "NoNewPrivileges=yes" in props and "ProtectSystem=strict" in props
@@ -81,7 +82,8 @@ def test_systemd_run_gets_the_units_user_environment_and_hardening_but_not_its_l
     assert argv[argv.index("--") + 1:] == [
         "/opt/sglang/venv/bin/python", "/usr/local/libexec/llm-serving/interconnect_proof.py", "--world-size", "8",
         "--backend", "nccl", "--timeout-s", "60", "--sizes-mib", "1,64,256", "--nvidia-smi", "nvidia-smi",
-        "--engine", "sglang", "--engine-flags", "enable-nccl-nvls", "--custom-all-reduce", "--gpus", "0,1"]
+        "--engine", "sglang", "--engine-model", "/usr/local/libexec/llm-serving/interconnect_engine_sglang.py",
+        "--env-prefixes", "SGLANG_", "--engine-flags", "enable-nccl-nvls", "--custom-all-reduce", "--gpus", "0,1"]
     assert {"--wait", "--pipe", "--collect", "--unit=sglang-interconnect-proof"} <= set(argv)
 
 
@@ -288,11 +290,13 @@ def load_script():
 
 def test_the_key_holds_engine_variables_engine_settings_and_the_script_but_no_secret():
     env = proof.interconnect_environment({**ENV, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "VLLM_API_KEY": "s3cr3t",
-                                          "SGLANG_ADMIN_API_KEY": "x", "HF_TOKEN": "y", "NCCL_TOKEN_DUMMY": "z"})
+                                          "SGLANG_ADMIN_API_KEY": "x", "HF_TOKEN": "y", "NCCL_TOKEN_DUMMY": "z",
+                                          "VLLM_USE_V1": "1"}, ["SGLANG_"])
     assert env == {"CUDA_HOME": "/usr/local/cuda", "NCCL_DEBUG": "WARN", "NCCL_P2P_LEVEL": "SYS",
                    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
     script = load_script()
-    assert script.proof_environment({**ENV, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "VLLM_API_KEY": "s"}) == env, \
+    assert script.proof_environment({**ENV, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "VLLM_API_KEY": "s",
+                                     "VLLM_USE_V1": "1"}, ("SGLANG_",)) == env, \
         "the script reports exactly what the module keys"
     base = proof.engine_settings()
     key = proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=base)
@@ -306,30 +310,51 @@ def test_the_key_holds_engine_variables_engine_settings_and_the_script_but_no_se
                proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=sglang, script="0123456789abcdef"),
                proof.proof_key(IDENTITY, 2, "nccl", "/py", {**env, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"},
                                engine=sglang),
-               proof.proof_key(IDENTITY, 2, "nccl", "/py", {**env, "VLLM_BATCH_INVARIANT": "1"}, engine=sglang)]
-    assert len({key, *changed}) == 8
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", {**env, "VLLM_BATCH_INVARIANT": "1"}, engine=sglang),
+               proof.proof_key(IDENTITY, 2, "nccl", "/py", env, engine=proof.engine_settings("sglang", model="ab12"))]
+    assert len({key, *changed}) == 9
+    assert proof.proof_key(IDENTITY, 2, "nccl", "/py", {**env, "SGLANG_API_KEY": "k"}) == key, "no secret is keyed"
     last = {"identity": IDENTITY, "world_size": 2, "python": "/py", "environment": env, "script": "aaaa"}
     found = proof.differences(last, IDENTITY, 2, "/py", env, engine=proof.engine_settings("sglang", [], True),
                               script="bbbb")
     assert found == ["engine settings (custom_all_reduce): False -> True", "engine settings (engine): none -> sglang",
                      "proof script: aaaa -> bbbb"]
+    modelled = proof.differences(last, IDENTITY, 2, "/py", env, engine=proof.engine_settings("sglang", model="ab12"))
+    assert "engine settings (model): None -> ab12" in modelled
+
+
+ENGINE_MODELS = {name: str(REPO / "roles" / name / "files" / "interconnect_engine.py") for name in ("sglang", "vllm")}
 
 
 def test_the_engine_sets_its_nccl_environment_in_the_ranks_as_its_own_code_does():
     script = load_script()
-    assert script.engine_environment("sglang", {}, []) == {
+    sglang, vllm = (script.load_engine_model(ENGINE_MODELS[name]) for name in ("sglang", "vllm"))
+    assert script.engine_environment(sglang, {}, []) == {
         "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
     # Where the unit sets them SGLang keeps them, except CUDA_DEVICE_MAX_CONNECTIONS, which it always sets.
-    assert script.engine_environment("sglang", {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1",
-                                                "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, []) == {
+    assert script.engine_environment(sglang, {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1",
+                                              "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, []) == {
         "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
-    nvls = script.engine_environment("sglang", {"NCCL_NVLS_ENABLE": "0"}, ["enable-nccl-nvls"])
+    nvls = script.engine_environment(sglang, {"NCCL_NVLS_ENABLE": "0"}, ["enable-nccl-nvls"])
     assert nvls["NCCL_NVLS_ENABLE"] == "1"
-    assert script.engine_environment("sglang", {"NCCL_CUMEM_ENABLE": "0"}, ["enable-symm-mem"]) == {
+    assert script.engine_environment(sglang, {"NCCL_CUMEM_ENABLE": "0"}, ["enable-symm-mem"]) == {
         "NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
-    assert script.engine_environment("vllm", {}, []) == {}, "vLLM 0.33.0 sets none on its default CUDA path"
-    assert script.engine_environment("vllm", {"VLLM_BATCH_INVARIANT": "1"}, [])["NCCL_PROTO"] == "Simple"
-    assert script.engine_environment("none", {}, []) == {}
+    assert script.engine_environment(vllm, {}, []) == {}, "vLLM 0.33.0 sets none on its default CUDA path"
+    assert script.engine_environment(vllm, {"VLLM_BATCH_INVARIANT": "1"}, [])["NCCL_PROTO"] == "Simple"
+    assert script.engine_environment(script.NO_ENGINE, {}, []) == {}
+    assert script.load_engine_model("") is script.NO_ENGINE
+
+
+def test_a_broken_engine_model_is_refused_naming_what_it_lacks(tmp_path, capsys):
+    script = load_script()
+    partial = tmp_path / "model.py"
+    partial.write_text("FLAGS = ()\n")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--world-size", "1", "--engine-model", str(partial)])
+    assert "the engine model lacks PEER_ALL_REDUCE_SWITCHES, process_environment, peer_all_reduce" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.parse_args(["--world-size", "1", "--engine-model", str(tmp_path / "absent.py")])
 
 
 def plan(script, *argv: str, env: dict | None = None) -> dict:
@@ -341,19 +366,27 @@ def test_steps_that_cannot_run_are_reported_skipped_or_not_run_with_the_reason(m
     monkeypatch.delenv("BWS_PROOF_TEST_HANG_RANK", raising=False)
     script = load_script()
     on_cpu = "skipped: needs the nccl backend on CUDA GPUs (gloo runs on the CPU)"
-    gloo = plan(script, "--backend", "gloo", "--engine", "sglang", env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    sglang = ("--engine", "sglang", "--engine-model", ENGINE_MODELS["sglang"])
+    gloo = plan(script, "--backend", "gloo", *sglang, env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
     assert gloo == {"bf16 small messages": on_cpu, "cuda graph all_reduce": on_cpu, "ipc peer-write all_reduce": on_cpu}
-    one_gpu = plan(script, "--engine", "sglang", env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "true"})
+    one_gpu = plan(script, *sglang, env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "true"})
     assert one_gpu == {"bf16 small messages": None, "cuda graph all_reduce": None,
                        "ipc peer-write all_reduce": "not run: needs >= 2 GPUs"}
     assert plan(script, "--custom-all-reduce")["ipc peer-write all_reduce"] == "not run: needs >= 2 GPUs"
     assert plan(script)["ipc peer-write all_reduce"] == "not run: needs >= 2 GPUs"
-    off = plan(script, "--world-size", "8", "--engine", "vllm", env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
-    assert off["ipc peer-write all_reduce"].startswith("not run: the profile turns on no peer-to-peer all-reduce")
-    assert plan(script, "--world-size", "8", "--engine", "sglang",
+    off = plan(script, "--world-size", "8", "--engine", "vllm", "--engine-model", ENGINE_MODELS["vllm"],
+               env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    assert off["ipc peer-write all_reduce"] == ("not run: the profile turns on no peer-to-peer all-reduce "
+                                                "(custom all-reduce)")
+    assert plan(script, "--world-size", "8", *sglang, env={})["ipc peer-write all_reduce"] == (
+        "not run: the profile turns on no peer-to-peer all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, "
+        "custom all-reduce)")
+    assert plan(script, "--world-size", "8", *sglang,
                 env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})["ipc peer-write all_reduce"] is None
     with pytest.raises(SystemExit):
-        script.parse_args(["--world-size", "1", "--engine-flags", "enable-everything"])
+        script.parse_args(["--world-size", "1", *sglang, "--engine-flags", "enable-everything"])
+    with pytest.raises(SystemExit):  # no model, no switch
+        script.parse_args(["--world-size", "1", "--engine-flags", "enable-nccl-nvls"])
     # The module's one line says what ran and why the rest did not.
     report = {"engine": "sglang", "engine_environment": {"NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"},
               "ranks": [{"steps": [{"step": "bf16 small messages", "status": "skipped", "reason": on_cpu},
