@@ -55,7 +55,10 @@ def main() -> int:
         argv = [args.python, str(Path(tmp) / SCRIPT.name), "--world-size", str(args.world_size), "--backend", "nccl",
                 "--sizes-mib", args.sizes_mib, "--timeout-s", args.timeout_s, "--engine", args.engine]
         model = REPO / "roles" / args.engine / "files" / "interconnect_engine.py"  # the engine role's model
-        argv += ["--engine-model", str(model), "--env-prefixes", f"{args.engine.upper()}_"] if model.is_file() else []
+        if model.is_file():  # beside the script, as engine_service puts it on a host
+            shipped_model = Path(tmp) / f"interconnect_engine_{args.engine}.py"
+            shutil.copy(model, shipped_model)
+            argv += ["--engine-model", str(shipped_model), "--env-prefixes", f"{args.engine.upper()}_"]
         argv += ["--custom-all-reduce"] if args.custom_all_reduce else []
         if os.geteuid() == 0 and shutil.which("unshare"):
             argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
