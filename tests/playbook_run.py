@@ -5,7 +5,7 @@ the project) and returns a ``PlaybookRun`` read from the job's events: the recap
 task name, the names of the tasks that ran, and the play output for failure messages. Host scenarios, Molecule
 verifiers, the contract and GPU tests use it; a repository rule (tests/unit/test_repository_rules.py) keeps other
 test code from starting playbooks another way, naming the few that must (a killed controller, a private mount
-namespace, the README's own command, the benches that time the user's command).
+namespace, the README's own commands). The benches under bench/ time the user's own command and start it as typed.
 """
 
 from __future__ import annotations
