@@ -58,14 +58,13 @@ class PlaybookRun:
 
     def task_events_results(self) -> list[dict[str, Any]]:
         """Every task result in order, each with ``_event`` (runner_on_ok, ...), ``_host`` and ``_task``."""
-        return [{**event.get("event_data", {}).get("res", {}), "_event": event["event"],
-                 "_host": event.get("event_data", {}).get("host"), "_task": event.get("event_data", {}).get("task")}
-                for event in self.task_events]
+        return [_result_of(event) for event in self.task_events]
 
     def results(self, task: str, host: str | None = None) -> list[dict[str, Any]]:
         """Every result of the task named ``task`` (its name, or ``role : name`` as the play shows it)."""
-        return [result for event, result in zip(self.task_events, self.task_events_results(), strict=True)
-                if _task_matches(event.get("event_data", {}), task) and host in (None, result["_host"])]
+        return [_result_of(event) for event in self.task_events
+                if _task_matches(event.get("event_data", {}), task)
+                and host in (None, event.get("event_data", {}).get("host"))]
 
     def result(self, task: str, host: str | None = None) -> dict[str, Any]:
         """The first result of ``task``; KeyError naming the tasks that did run when it did not."""
@@ -102,6 +101,11 @@ class PlaybookRun:
             if event["event"] in ("runner_on_ok", "runner_on_failed") and "res" in data:
                 results.setdefault(data.get("task", ""), data["res"])
         return results
+
+
+def _result_of(event: dict[str, Any]) -> dict[str, Any]:
+    data = event.get("event_data", {})
+    return {**data.get("res", {}), "_event": event["event"], "_host": data.get("host"), "_task": data.get("task")}
 
 
 def _task_matches(data: dict[str, Any], task: str) -> bool:

@@ -36,7 +36,7 @@ LOADED_FILE = "/run/nvidia-driver-version-double"
 def playbook(path: str, *args: str) -> PlaybookRun:
     """Run a playbook against the scenario's inventory (group_vars included) through tests/playbook_run.py."""
     return run_playbook(path, Path(INVENTORY).parent, extra_args=list(args), timeout=600, workdir=EPHEMERAL,
-                        envvars={name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ})
+                        envvars=playbook_env())
 
 
 def probe(role: str, *extra: str, tasks_from: str = "main") -> PlaybookRun:
@@ -280,6 +280,10 @@ class TaskResult(NamedTuple):
 PLAYBOOK_ENV = ("PATH", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CONNECTION_PLUGINS")
 
 
+def playbook_env() -> dict[str, str]:
+    return {name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ}
+
+
 def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
     """One role_probe.yml run for many cases: each case is an inventory alias of the test host with its own
     role and inputs (inventory variables, which the input check reads as it reads -e). Returns per case its
@@ -295,7 +299,7 @@ def alias_probes(cases: dict[str, tuple[str, dict]]) -> dict[str, dict]:
     extra.write_text(json.dumps({"all": {"children": {"gpu_servers": {"hosts": hosts}}}}))
     runner = run_playbook(
         SCENARIO / "tests" / "role_probe.yml", [Path(INVENTORY).parent, extra], limit=",".join(aliases),
-        workdir=EPHEMERAL, timeout=600, envvars={name: os.environ[name] for name in PLAYBOOK_ENV if name in os.environ},
+        workdir=EPHEMERAL, timeout=600, envvars=playbook_env(),
     )  # fmt: skip
     assert runner.stats, f"the probe run ended without a recap ({runner.status}): {runner.stdout[-3000:]}"
     per_case = {
