@@ -8,8 +8,9 @@
 - Progress streams to stdout (one line per task result), the playbook's own output goes to the artifacts.
 - Verify reports go under <artifacts>/<ident>/reports (-e verify_report_dir=DIR, inline or in a vars file,
   chooses another place; an inventory's verify_report_dir does not).
-- Writes <artifacts>/summary.json (per host: ok/changed/failed/rescued/skipped/unreachable, elapsed,
-  verify report path) and <artifacts>/junit.xml (one test case per host).
+- Each run keeps its artifacts in <artifacts>/<ident>/ (--ident, by default the start time, YYYYmmddTHHMMSS):
+  it writes <artifacts>/<ident>/summary.json (per host: ok/changed/failed/rescued/skipped/unreachable, elapsed,
+  verify report path) and <artifacts>/<ident>/junit.xml (one test case per host), and prints both paths.
 - Secrets stay out of the artifacts: pass them in a vars file (-e @file, never copied). ansible-runner records
   the environment it runs the playbook with (<artifacts>/<ident>/command), so it gets a minimal one: what
   Ansible, SSH and podman need (PATH, HOME, locale, TMPDIR, SSH_AUTH_SOCK, XDG_*, ANSIBLE_*, CONTAINERS_*,
