@@ -7,13 +7,19 @@
 #   bash scripts/sandbox.sh teardown.yml
 #   bash scripts/sandbox.sh deploy_sglang.yml --check --diff
 #   BWS_SANDBOX_DESTROY=1 bash scripts/sandbox.sh             # remove the sandbox container
+# BWS_SANDBOX_NAME picks another container (default bws-sandbox), so a second sandbox can run beside yours (the
+# README's own test does): inventory/sandbox reads the same variable, so `ansible-playbook -i inventory/sandbox`
+# reaches the same container.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
-SANDBOX=bws-sandbox
+SANDBOX=${BWS_SANDBOX_NAME:-bws-sandbox}
+# A container name as podman takes it; it also lands in commands this script prints for you to paste.
+[[ $SANDBOX =~ ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$ ]] || die "BWS_SANDBOX_NAME=$SANDBOX is not a container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)"
+export BWS_SANDBOX_NAME=$SANDBOX
 
 if [ "${BWS_SANDBOX_DESTROY:-0}" = 1 ]; then
   podman rm -f --ignore -t 0 "$SANDBOX" >/dev/null 2>&1 || true
-  echo "sandbox removed"; exit 0
+  echo "sandbox $SANDBOX removed"; exit 0
 fi
 
 playbook=deploy_sglang.yml

@@ -10,6 +10,11 @@ What the scratch HOME shares with the machine: root's podman storage (the test-h
 command's own bootstrap), the system's pip configuration, and pip's download cache (PIP_CACHE_DIR, so that the
 same wheels are not downloaded twice in one test run). Everything under HOME (the venv, the collections, the
 containers.conf) is made anew by the commands themselves.
+
+The commands run against a sandbox of their own (BWS_SANDBOX_NAME, which scripts/sandbox.sh and inventory/sandbox
+read), so the test runs whatever the user did before: a `bws-sandbox` of the user's is left exactly as it was (same
+container, same release serving, same engine process), which the test checks. Where there is none, the test boots a
+bare one to stand for it, and removes it afterwards.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SANDBOX = "bws-sandbox"  # scripts/sandbox.sh, inventory/sandbox/hosts.yml
+USERS_SANDBOX = "bws-sandbox"  # scripts/sandbox.sh's default container, inventory/sandbox/hosts.yml's host
+SANDBOX = "bws-readme-first-hour"  # this test's own (BWS_SANDBOX_NAME)
 # Commands of the quick start that this test does not run, and why (a regular expression of the command each).
 SKIPPED = {
     r"^bash scripts/test\.sh$": "the test command itself: this test runs inside it (.ci/run)",
@@ -90,6 +96,7 @@ def scratch_env(home: Path) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "TERM": "dumb",
         "BWS_PYTHON": python_312(),
+        "BWS_SANDBOX_NAME": SANDBOX,
     }
     if pip_cache:
         env["PIP_CACHE_DIR"] = pip_cache
@@ -114,13 +121,42 @@ def container_exists(name: str) -> bool:
     return subprocess.run(["podman", "container", "exists", name], check=False).returncode == 0
 
 
+def sandbox_fingerprint(name: str, since: str) -> dict[str, str]:
+    """What must not change in a user's sandbox: the container, its boot, the release state and engine processes,
+    and no file written under /etc, /opt or the release state since `since` (seconds since the epoch)."""
+    def podman(*args: str) -> str:
+        return subprocess.run(["podman", *args], capture_output=True, text=True, check=False).stdout.strip()
+
+    return {
+        "id": podman("inspect", "-f", "{{.Id}} {{.State.StartedAt}}", name),
+        "state.json": podman("exec", name, "sh", "-c", "cat /var/lib/llm-serving/state.json 2>/dev/null || true"),
+        "engines": podman("exec", name, "systemctl", "show", "-p", "MainPID,ActiveState,FragmentPath", "sglang", "vllm"),
+        "changed files": podman("exec", name, "sh", "-c",
+                                f"find /etc /var/lib/llm-serving /opt -newermt @{since} 2>/dev/null | sort"),
+    }
+
+
+@pytest.fixture
+def users_sandbox():
+    """The user's bws-sandbox as it is; a bare stand-in booted (and removed afterwards) where there is none."""
+    booted = not container_exists(USERS_SANDBOX)
+    if booted:
+        subprocess.run(["bash", str(REPO / "scripts/boot-test-host.sh"), "--label", "owner=bws-test", USERS_SANDBOX],
+                       check=True, timeout=300)
+    try:
+        yield USERS_SANDBOX
+    finally:
+        if booted:
+            subprocess.run(["podman", "rm", "-f", "--ignore", "-t", "0", USERS_SANDBOX], capture_output=True, check=False)
+
+
 @pytest.mark.container
-def test_the_quick_start_and_sandbox_commands_work_as_written_in_a_scratch_home(tmp_path: Path, record_property):
-    if container_exists(SANDBOX):
-        pytest.skip(
-            f"a container {SANDBOX} is already there (yours?): this test would replace it; "
-            "remove it with BWS_SANDBOX_DESTROY=1 bash scripts/sandbox.sh"
-        )
+def test_the_quick_start_and_sandbox_commands_work_as_written_in_a_scratch_home(
+    tmp_path: Path, record_property, users_sandbox: str
+):
+    assert not container_exists(SANDBOX), f"a container {SANDBOX} is left from an earlier run: podman rm -f {SANDBOX}"
+    since = str(int(time.time()))
+    before = sandbox_fingerprint(users_sandbox, since)
     commands = block_commands(quick_start())
     to_run = [c for c in commands if skip_reason(c) is None]
     skipped = {c: skip_reason(c) for c in commands + prose_commands(quick_start()) if skip_reason(c)}
@@ -167,7 +203,9 @@ def test_the_quick_start_and_sandbox_commands_work_as_written_in_a_scratch_home(
     assert "ran in check mode" in outcomes[3][1] and all("ran for real" in o for _, o in outcomes[:3] + outcomes[4:])
     assert re.search(r"speed-?up.{0,80}not measured", output, re.I | re.S), "verify did not report the speed-up"
     assert re.search(r"^bws-sandbox\s*: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", output, re.M)
-    assert "sandbox removed" in output and not container_exists(SANDBOX)
+    assert f"sandbox {SANDBOX} removed" in output and not container_exists(SANDBOX)
+    # The user's sandbox is exactly as it was: same container and boot, same release serving, same engine process.
+    assert sandbox_fingerprint(users_sandbox, since) == before
     # Everything the commands installed went under the scratch HOME, nothing into the machine's.
     assert (home / ".cache" / "blackwell-serving" / "venv" / "bin" / "ansible-playbook").is_file()
     assert (home / ".cache" / "blackwell-serving" / "collections").is_dir()
