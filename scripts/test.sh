@@ -8,7 +8,8 @@
 # Test files run two (hosts: four) at a time with pytest-xdist; image and contract venvs build in the background.
 # Each stage ends with a line giving its duration; pytest and the Molecule verifiers print one line per test
 # (-v) and Molecule one line per scenario step and task, so a long stage shows where it is. The run ends with
-# the stage times and a pytest-style "N passed, N failed" line.
+# the stage times (each stage once), a "stages: N ok, N failed" line naming the failed ones, and a pytest-style
+# "N passed, N failed" line that counts the test cases of the JUnit files (tests/summary.py).
 # With arguments it runs only the named parts (scripts/test.sh --help); .ci/run gives none: everything.
 usage() {
   cat <<'USAGE'
@@ -54,27 +55,29 @@ RESULTS=$(mktemp -d)
 # On an early stop, the background stages still running. Under `set -e` a bare `kill` with no job left
 # exits 2 inside the trap, and that becomes the script's status: a green run would end with rc 2.
 trap 'jobs -pr | xargs -r kill 2>/dev/null || true; rm -rf "$RESULTS"' EXIT
-declare -a STAGE_TIMES=()
 
+# summary STATUS: the stage table, the stages' verdicts and the test cases' line from $RESULTS (tests/summary.py),
+# then exits with STATUS: the run's status is what fails CI, whatever the lines say.
 summary() {
-  local status=$1
-  printf '\n### stage times\n'; printf '  %s\n' "${STAGE_TIMES[@]}"
-  [ ! -f "$RESULTS/lane-times" ] || { printf '  of which, side by side:\n'; sed 's/^/    /' "$RESULTS/lane-times"; }
-  "$VENV_DIR/bin/python" "$REPO_ROOT/tests/summary.py" "$RESULTS" || true
+  local status=$1 python=$VENV_DIR/bin/python
+  [ -x "$python" ] || python=python3  # a bootstrap that failed may have left no venv
+  "$python" "$REPO_ROOT/tests/summary.py" "$RESULTS" \
+    || { printf '\n### stages (name, status, seconds)\n'; sed 's/^/  /' "$RESULTS/stages.tsv" 2>/dev/null || true; }
   exit "$status"
 }
 
 verdict() { [ "$1" -eq 0 ] && echo ok || echo FAILED; }  # verdict RC
 
-# run_stage NAME COMMAND...: times the stage; on failure records it and stops everything.
+# run_stage NAME COMMAND...: times the stage and records it in $RESULTS/stages.tsv (name, status, seconds: the
+# stage table's rows); on failure stops everything.
 run_stage() {
-  local name=$1 start rc=0; shift
+  local name=$1 start rc=0 took; shift
   start=$(date +%s)
   stage "$name"
   "$@" || rc=$?
-  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name" "$(( $(date +%s) - start ))" "$(verdict $rc)")")
-  printf '### %s: %s in %ss\n' "$name" "$(verdict $rc)" "$(( $(date +%s) - start ))"
-  printf '%s\t%s\n' "$name" "$rc" >> "$RESULTS/stages.tsv"
+  took=$(( $(date +%s) - start ))
+  printf '### %s: %s in %ss\n' "$name" "$(verdict $rc)" "$took"
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$took" >> "$RESULTS/stages.tsv"
   [ $rc -eq 0 ] || summary 1
 }
 
@@ -162,7 +165,7 @@ molecule_and_contracts() {
 # The contract venvs (3.6 GB, mostly CPU: unpacking and byte-compiling torch and the engines) build at a lower CPU
 # priority: they take the CPU the stages before them leave instead of slowing the lint and unit stages. The
 # contract stage itself runs beside Molecule provision, after the default scenario (molecule_and_contracts).
-declare -A BACKGROUND=()
+declare -A BACKGROUND=() AWAITED=()
 start_background() {  # start_background NAME COMMAND...
   local name=$1; shift
   printf '### %s: started in the background\n' "$name"
@@ -170,13 +173,17 @@ start_background() {  # start_background NAME COMMAND...
     printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" > "$RESULTS/$name.done"; exit "$rc" ) &
   BACKGROUND[$name]=$!
 }
-await_background() {  # await_background NAME: its log, its own duration, its status
+# await_background NAME: its log, its own duration, its status. Once: awaited again (the image, by two parts), it
+# only returns the status. The stage table takes its own duration from $RESULTS/NAME.done and puts it in the row
+# of the stage of the same name that awaited it (tests/summary.py).
+await_background() {
   local name=$1 rc=0 took
+  if [ -n "${AWAITED[$name]:-}" ]; then return "${AWAITED[$name]}"; fi
   wait "${BACKGROUND[$name]}" || rc=$?
+  AWAITED[$name]=$rc
   sed "s/^/[$name] /" "$RESULTS/$name.log"
   took=$(cut -f3 "$RESULTS/$name.done" 2>/dev/null || echo "?")
   printf '### %s (background): %s in %ss\n' "$name" "$(verdict $rc)" "$took"
-  STAGE_TIMES+=("$(printf '%-28s %5ss  %s' "$name (background)" "$took" "$(verdict $rc)")")
   return "$rc"
 }
 

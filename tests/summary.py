@@ -1,47 +1,145 @@
-"""Print the closing line of a test run from the JUnit XML files and stage results in a folder.
+"""Print the end of a test run (scripts/test.sh): the stage table, the stages' verdicts and the closing line.
 
-Every lint/check stage counts as one test; pytest and testinfra report their own cases.
+The results folder holds:
+- stages.tsv: a line per stage that run_stage ran, ``name<TAB>rc<TAB>seconds`` (seconds may be missing); a stage
+  run twice (the test-host image, awaited by two parts) has two lines and gets one row;
+- NAME.done: a background stage's ``name<TAB>rc<TAB>seconds`` (start_background); the stage of the same name that
+  awaited it shows them in its row, with the time the run waited for it;
+- lane-times: the side-by-side parts' rows, as scripts/test.sh writes them;
+- *.xml: JUnit files (pytest, ansible-test units, the Molecule verifiers).
+
+The last line, alone, counts the JUnit test cases only, pytest-style: ``N passed, N failed[, N skipped]``. The line
+before it counts the stages apart, each once, and names those that failed.
 """
+
+from __future__ import annotations
 
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 
-def junit_counts(path: Path) -> tuple[int, int, int, int]:
-    """passed, failed, skipped and, of the skipped, the expected failures (pytest writes an xfail as a skip)."""
-    passed = failed = skipped = xfailed = 0
+@dataclass
+class Stage:
+    """One row of the stage table."""
+
+    name: str
+    rc: int
+    seconds: int | None = None  # run_stage's time; for a background stage, how long the run waited for it
+    background: int | None = None  # a background stage's own time
+
+    def add_run(self, rc: int, seconds: int | None) -> None:
+        """The same stage run again: the first failure is its status, the times add up."""
+        self.rc = self.rc or rc
+        if seconds is not None:
+            self.seconds = (self.seconds or 0) + seconds
+
+    def row(self) -> str:
+        verdict = "ok" if self.rc == 0 else "FAILED"
+        if self.background is None:
+            return f"{self.name:<28} {seconds_text(self.seconds):>6}  {verdict}"
+        waited = "" if self.seconds is None else f", waited {self.seconds}s"
+        return f"{self.name:<28} {seconds_text(self.background):>6}  {verdict} (background{waited})"
+
+
+@dataclass
+class Counts:
+    """JUnit test cases by outcome; xfailed are among the skipped (pytest writes an expected failure as a skip)."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+
+    def add(self, other: Counts) -> None:
+        self.passed += other.passed
+        self.failed += other.failed
+        self.skipped += other.skipped
+        self.xfailed += other.xfailed
+
+    def line(self) -> str:
+        return f"{self.passed} passed, {self.failed} failed" + (f", {self.skipped} skipped" if self.skipped else "")
+
+
+def seconds_text(seconds: int | None) -> str:
+    return "?" if seconds is None else f"{seconds}s"
+
+
+def parse_int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().lstrip("-").isdigit() else None
+
+
+def tsv_fields(line: str) -> tuple[str, int, int | None]:
+    """name, rc and seconds of a ``name<TAB>rc[<TAB>seconds]`` line (an unreadable rc counts as a failure)."""
+    fields = line.split("\t")
+    rc = parse_int(fields[1]) if len(fields) > 1 else None
+    return fields[0], 1 if rc is None else rc, parse_int(fields[2]) if len(fields) > 2 else None
+
+
+def read_stages(results: Path) -> list[Stage]:
+    """The stage table's rows in the order the stages ran, each stage once, background stages not awaited last."""
+    stages: dict[str, Stage] = {}
+    tsv = results / "stages.tsv"
+    for line in tsv.read_text().splitlines() if tsv.exists() else []:
+        if not line.strip():
+            continue
+        name, rc, seconds = tsv_fields(line)
+        if name in stages:
+            stages[name].add_run(rc, seconds)
+        else:
+            stages[name] = Stage(name, rc, seconds)
+    for done in sorted(results.glob("*.done")):
+        name, rc, seconds = tsv_fields(done.read_text().strip())
+        stage = stages.setdefault(name, Stage(name, rc))
+        stage.rc, stage.background = stage.rc or rc, seconds
+    return list(stages.values())
+
+
+def junit_counts(path: Path) -> Counts:
+    counts = Counts()
     for case in ET.parse(path).getroot().iter("testcase"):
         outcomes = {child.tag: child for child in case}
         if outcomes.keys() & {"failure", "error"}:
-            failed += 1
+            counts.failed += 1
         elif "skipped" in outcomes:
-            skipped += 1
-            xfailed += outcomes["skipped"].get("type") == "pytest.xfail"
+            counts.skipped += 1
+            counts.xfailed += outcomes["skipped"].get("type") == "pytest.xfail"
         else:
-            passed += 1
-    return passed, failed, skipped, xfailed
+            counts.passed += 1
+    return counts
+
+
+def case_counts(results: Path) -> Counts:
+    counts = Counts()
+    for xml in sorted(results.glob("*.xml")):
+        counts.add(junit_counts(xml))
+    return counts
+
+
+def stages_line(stages: list[Stage]) -> str:
+    failed = [stage.name for stage in stages if stage.rc != 0]
+    line = f"stages: {len(stages) - len(failed)} ok, {len(failed)} failed"
+    return line + (f"; failed: {', '.join(failed)}" if failed else "")
+
+
+def report(results: Path) -> list[str]:
+    """The lines to print, the closing line last."""
+    stages = read_stages(results)
+    lines = ["", "### stage times", *(f"  {stage.row()}" for stage in stages)]
+    lanes = results / "lane-times"
+    if lanes.exists():
+        lines += ["  of which, side by side:", *(f"    {row}" for row in lanes.read_text().splitlines())]
+    lines.append(stages_line(stages))
+    counts = case_counts(results)
+    if counts.xfailed:
+        lines.append(f"of the skipped, {counts.xfailed} are expected failures "
+                     "(strict xfail: known engine defects, named in each)")
+    return [*lines, counts.line()]
 
 
 def main(results: Path) -> None:
-    passed = failed = skipped = xfailed = 0
-    junit_stages = {p.stem for p in results.glob("*.xml")}
-    stages = results / "stages.tsv"
-    for line in stages.read_text().splitlines() if stages.exists() else []:
-        name, rc = line.split("\t")
-        molecule = name.startswith("molecule")  # its verifiers (and the contracts beside it) write JUnit files
-        if name in junit_stages or molecule:
-            if rc != "0" and molecule:
-                failed += 1
-            continue
-        passed, failed = (passed + 1, failed) if rc == "0" else (passed, failed + 1)
-    for xml in sorted(results.glob("*.xml")):
-        p, f, s, x = junit_counts(xml)
-        passed, failed, skipped, xfailed = passed + p, failed + f, skipped + s, xfailed + x
-    if xfailed:
-        print(f"of the skipped, {xfailed} are expected failures (strict xfail: known engine defects, named in each)")
-    line = f"{passed} passed, {failed} failed"
-    print(line + (f", {skipped} skipped" if skipped else ""))
+    print("\n".join(report(results)))
 
 
 if __name__ == "__main__":
