@@ -5,6 +5,13 @@
 # It only sets environment variables: shell options (set -e, -u, pipefail) are left as they were,
 # and sourcing it twice does not grow PATH. scripts/lib.sh sources it for the project's own scripts.
 
+# Bash only. This check is POSIX: sh (dash) reads a sourced file a command at a time, so it stops here before
+# it reaches the bash syntax below (where it would print "Bad substitution" and go on with REPO_ROOT=/).
+if [ -z "${BASH_VERSION:-}" ]; then
+  echo "scripts/env.sh: source it from bash (bash -c 'source scripts/env.sh'), not sh" >&2
+  return 1 2>/dev/null || exit 1
+fi
+
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE_DIR=${BWS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/blackwell-serving}
 VENV_DIR=${BWS_VENV_DIR:-$CACHE_DIR/venv}

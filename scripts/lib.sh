@@ -6,8 +6,13 @@ set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
-_t0=$(date +%s)
-stage() { printf '\n### [%4ss] %s\n' "$(( $(date +%s) - _t0 ))" "$*"; }
+# The stage clock starts with the first script and is inherited by the scripts it runs (sandbox.sh runs
+# bootstrap.sh), so the times a run prints never go back.
+case ${BWS_STAGE_T0:-} in
+  '' | *[!0-9]*) BWS_STAGE_T0=$(date +%s) ;;
+esac
+export BWS_STAGE_T0
+stage() { printf '\n### [%4ss] %s\n' "$(( $(date +%s) - BWS_STAGE_T0 ))" "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # Print the path of a Python >= 3.12 interpreter (ansible-core 2.21 refuses older controllers) that can
