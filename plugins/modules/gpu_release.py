@@ -32,8 +32,14 @@ description:
     Other processes holding GPU device files are B(foreign holders), named in the result, never signalled.
   - Sends SIGTERM, polls every O(poll_interval_ms) (no fixed sleeps), sends SIGKILL to what is left after
     O(grace_s), then polls C(nvidia-smi --query-compute-apps) until no GPU lists a target any more, and
-    verifies every selected GPU. Fails naming PIDs, commands and GPUs when targets still hold a GPU after
-    O(timeout_s).
+    verifies every selected GPU. Fails naming PIDs, process titles, users and GPUs when targets still hold a GPU
+    after O(timeout_s).
+  - "A process is named in the result and the summary by pid, user and process title only, never by its arguments,
+    so that a secret another process was given on its command line (C(serve.py --api-key KEY)) stays on the host.
+    The title is argv[0] as written up to its first whitespace (a title such as C(sglang::scheduler_TP0) is
+    argv[0]; one set with setproctitle that holds a whole command line is cut there), the basename where argv[0]
+    is a Python interpreter, C([comm]) for a kernel thread. nvidia-smi's process names are cut the same way.
+    Only what is reported is cut: patterns are matched as described below."
   - GPU holders are found by reading C(/proc/*/fd) links to C(<dev_dir>/nvidia*). A holder is a compute
     user when nvidia-smi lists it as a compute app; other holders are NVML-only clients (monitors). An
     NVML client opens C(nvidia-uvm) too (seen with driver 580), so only where nvidia-smi is missing or
@@ -281,12 +287,14 @@ driver_loaded:
   type: bool
 gpus:
   description: Per GPU - index, uuid, bus_id, minor, memory_used_before_mib, memory_used_after_mib, freed_mib,
-    holders (pid, cmd, role target/spared/foreign/monitor, used_mib), clean.
+    holders (pid, ppid, user, title, role target/spared/foreign/monitor/peer, compute, used_mib), apps_after
+    (compute apps nvidia-smi lists after the release - pid, name as a title, used_mib), clean.
   returned: always
   type: list
   elements: dict
 targets:
-  description: Selected processes - pid, cmd, reason, gpus, signals sent, exited (bool), exit_s after SIGTERM.
+  description: Selected processes - pid, ppid, user, title (see the description; never the arguments), reason,
+    gpus, signals sent, exited (bool), exit_s after SIGTERM.
   returned: always
   type: list
   elements: dict
@@ -326,23 +334,25 @@ gpu_count:
   returned: always
   type: int
 foreign:
-  description: Processes that match an engine pattern or use a GPU for compute but are not ours - pid, cmd,
-    user, reason (why out of scope), gpus; never signalled.
+  description: Processes that match an engine pattern or use a GPU for compute but are not ours - pid, ppid,
+    user, title, reason (why out of scope), gpus; never signalled.
   returned: always
   type: list
   elements: dict
 spared:
-  description: Processes that matched or hold a GPU but were not signalled, with the reason.
+  description: Processes that matched or hold a GPU but were not signalled - pid, ppid, user, title, reason.
   returned: always
   type: list
   elements: dict
 foreign_holders:
-  description: Processes that are not targets and use a GPU for compute (pid, cmd, gpus, reason); never signalled.
+  description: Processes that are not targets and use a GPU for compute - pid, ppid, user, title, gpus, holds_uvm,
+    reason; never signalled.
   returned: always
   type: list
   elements: dict
 unattributed_apps:
-  description: Compute apps nvidia-smi lists whose PID is not visible here (left after O(settle_s)).
+  description: Compute apps nvidia-smi lists whose PID is not visible here (left after O(settle_s)) - pid, name
+    (nvidia-smi's process name, cut as a title is), used_mib, gpu_uuid, bus_id, gpu_index.
   returned: always
   type: list
   elements: dict

@@ -405,7 +405,7 @@ def per_gpu_report(res: dict[str, Any]) -> list[dict[str, Any]]:
             "memory_used_before_mib": g.get("memory_used_before_mib"),
             "memory_used_after_mib": g.get("memory_used_after_mib"),
             "freed_mib": g.get("freed_mib"),
-            "holders": [{k: h[k] for k in ("pid", "cmd", "role", "compute", "used_mib")} for h in g["holders"]],
+            "holders": [{k: h[k] for k in ("pid", "title", "role", "compute", "used_mib")} for h in g["holders"]],
             "clean": g.get("clean"),
         }
         for g in res.get("gpus", [])
@@ -486,7 +486,7 @@ def print_summary(summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     if first:
         print("per GPU, first module repetition:")
         for g in first["per_gpu"]:
-            holders = ", ".join(f"{h['pid']} {h['cmd'][:28]} ({h['role']}, {h['used_mib']} MiB)" for h in g["holders"])
+            holders = ", ".join(f"{h['pid']} {h['title']} ({h['role']}, {h['used_mib']} MiB)" for h in g["holders"])
             print(f"  GPU {g['index']}: {g['memory_used_before_mib']} -> {g['memory_used_after_mib']} MiB; "
                   f"clean {g['clean']}; holders: {holders or 'none'}")  # fmt: skip
         print("  " + "\n  ".join(first.get("teardown_summary") or []))

@@ -34,6 +34,22 @@ def sim(tmp_path):
     s.stop_all()
 
 
+def preflight_playbook(tmp_path: Path, gpus: list[str]) -> Path:
+    """What roles/engine_service/tasks/preflight.yml runs on the GPUs a profile needs: gpu_release's holders check."""
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(json.dumps([{
+        "name": "Preflight", "hosts": "gpu_servers", "gather_facts": False,
+        "tasks": [{"name": "Holders", "ansible.builtin.include_role": {"name": "gpu_release", "tasks_from": "holders"},
+                   "vars": {"gpu_release_gpus": gpus}}],
+    }]))  # fmt: skip
+    return playbook
+
+
+def files_holding(directory: Path, word: bytes) -> list[str]:
+    return [str(path.relative_to(directory)) for path in sorted(directory.rglob("*"))
+            if path.is_file() and word in path.read_bytes()]
+
+
 @in_new_pid_namespace
 def test_teardown_releases_engines_spares_bystanders_and_is_idempotent(sim, tmp_path):
     shm = sim.shm
@@ -191,17 +207,44 @@ def test_the_deploy_preflight_check_refuses_a_wedged_gpu(sim, tmp_path):
     # roles/engine_service/tasks/preflight.yml runs exactly this entry point on the GPUs the profile needs. Report
     # only: it signals nothing, so it needs no PID namespace of its own.
     wedge(sim, 1, leaked_mib=8192)
-    playbook = tmp_path / "preflight.yml"
-    playbook.write_text(json.dumps([{
-        "name": "Preflight", "hosts": "gpu_servers", "gather_facts": False,
-        "tasks": [{"name": "Holders", "ansible.builtin.include_role": {"name": "gpu_release", "tasks_from": "holders"},
-                   "vars": {"gpu_release_gpus": ["0", "1"]}}],
-    }]))  # fmt: skip
+    playbook = preflight_playbook(tmp_path, ["0", "1"])
     runner, results = run_playbook(tmp_path, sim.extravars(gpu_release_wedged_window_s=0.3), playbook=str(playbook))
     assert runner.rc != 0
     msg = results["Holders | foreign processes on the GPUs 0, 1"]["msg"]
     assert msg.startswith("wedged GPU, needs `nvidia-smi -r` (with nothing using it) or a reboot: GPU 1 (GPU-"), msg
     assert msg.endswith("Report only: nothing was stopped, signalled or removed."), msg
+
+
+@in_new_pid_namespace
+def test_no_command_line_reaches_the_play_output_or_the_runner_artifacts(sim, tmp_path):
+    """A key on the command line of a process on the GPUs (a stranger's, one that put its command line in its title,
+    an engine of ours) stays on the host: the preflight's holder report and the teardown name processes by pid,
+    user and title, and no artifact ansible-runner keeps holds the key."""
+    (stranger,) = sim.spawn(["python3", "serve.py", "--api-key", "SECRET-argv"], {"open": sim.compute_files(1)},
+                            sim.mem(g1=2048))
+    (titled,) = sim.spawn(["trainer --api-key SECRET-title"], {"open": sim.compute_files(0)}, sim.mem(g0=512))
+    (engine,) = sim.spawn(["python3", "-m", "sglang.launch_server", "--api-key", "SECRET-engine"],
+                          {"open": sim.compute_files(2)}, sim.mem(g2=4096))
+    assert b"SECRET-argv" in Path(f"/proc/{stranger}/cmdline").read_bytes()
+
+    preflight, results = run_playbook(tmp_path, sim.extravars(), playbook=str(preflight_playbook(tmp_path, ["0", "1"])))
+    assert preflight.rc != 0, preflight.stdout
+    msg = results["Holders | foreign processes on the GPUs 0, 1"]["msg"]
+    assert f"PID {titled} trainer (root (uid 0)) on GPUs [0]" in msg and f"PID {stranger} python3 (root" in msg, msg
+
+    teardown, results = run_playbook(tmp_path, sim.extravars(gpu_release_grace_s=1))
+    assert teardown.rc == 0, teardown.stdout
+    res = release_result(results)
+    assert [(t["pid"], t["title"]) for t in res["targets"]] == [(engine, "python3")] and not alive(engine)
+    assert {f["pid"]: f["title"] for f in res["foreign_holders"]} == {stranger: "python3", titled: "trainer"}
+    summary = results["Teardown | summary"]["msg"]
+    assert any(line.startswith(f"foreign, not signalled: {titled} trainer (root (uid 0)) on GPUs [0]")
+               for line in summary), summary
+
+    for run in (preflight, teardown):
+        assert "SECRET" not in run.stdout
+        assert files_holding(run.artifact_dir, b"SECRET") == [], run.artifact_dir
+        assert files_holding(run.artifact_dir, b"trainer"), "the scan reads where the results are kept"
 
 
 CAP_SYS_PTRACE = 19

@@ -14,7 +14,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.scop
     foreign_entry,
     protected_name,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import Proc, ancestors
+from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs import Proc, ancestors, title_of
 from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.health import gpu_key, wedged_gpus, wedged_text
 from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import (
     QUERY_APPS_ARGS,
@@ -32,6 +32,15 @@ from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi impor
 )
 
 SMI_TIMEOUT_SETTING = "nvidia_smi_timeout_s"
+# What nvidia-smi lists as the process name of a PID it cannot resolve: kept as it is.
+SMI_NAME_PLACEHOLDERS = {"[Not Found]"}
+
+
+def titled(apps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Compute apps with nvidia-smi's process name cut as a process title is (procfs.title_of): nvidia-smi names a
+    process by its command line's first string, which holds the arguments of a process that set its title to them."""
+    return [{**app, "name": app["name"] if app["name"] in SMI_NAME_PLACEHOLDERS or app["name"] is None
+             else title_of(app["name"])} for app in apps]
 
 
 class Gpu:
@@ -60,7 +69,7 @@ class Gpu:
         return gpus
 
     def query_apps(self) -> list[dict[str, Any]]:
-        return apps_from_csv(run_query(self.tool or "", QUERY_APPS_ARGS, self._run))
+        return titled(apps_from_csv(run_query(self.tool or "", QUERY_APPS_ARGS, self._run)))
 
     def query_both(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         gpu_csv, apps_csv = run_queries_together(
@@ -68,7 +77,7 @@ class Gpu:
         )
         gpus = gpus_from_csv(gpu_csv)
         attach_minors(gpus, self.driver_gpus)
-        return gpus, apps_from_csv(apps_csv)
+        return gpus, titled(apps_from_csv(apps_csv))
 
     def first_look(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if not self.available:

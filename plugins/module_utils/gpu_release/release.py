@@ -23,7 +23,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.gpus
     wedged_list,
 )
 from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.report import failure, summarize
-from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.scope import Scope, select, user_name
+from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.scope import Scope, select
 from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.shm import clean_shm, shm_owners
 from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.signals import (
     Clock,
@@ -105,7 +105,6 @@ def target_entries(reasons: dict[int, str], procs: dict[int, Proc]) -> dict[int,
     return {
         pid: {
             **procs[pid].brief(),
-            "user": user_name(procs[pid].uid),
             "reason": reason,
             "gpus": [],
             "signals": [],

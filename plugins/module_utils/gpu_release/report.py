@@ -1,4 +1,5 @@
-"""gpu_release, report: the one-screen summary and the failure message.
+"""gpu_release, report: the one-screen summary and the failure message. A process is named by pid, title and user
+only (see procfs.Proc.brief): its arguments never reach the controller.
 
 Stdlib only; runs on the target.
 """
@@ -8,6 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.units import unit_lines
+
+
+def who(p: dict[str, Any]) -> str:
+    """A process as the summary names it: pid, title and user (Proc.brief), never its arguments."""
+    return f"{p['pid']} {p['title']} ({p['user']})"
 
 
 def gpu_line(g: dict[str, Any]) -> str:
@@ -48,10 +54,10 @@ def summarize(result: dict[str, Any]) -> list[str]:
             + (" (check mode: nothing sent)" if result["check_mode"] else "")
         )
     for s in result["spared"]:
-        lines.append(f"spared {s['pid']} {s['cmd'][:60]}: {s['reason']}")
+        lines.append(f"spared {who(s)}: {s['reason']}")
     for f in result["foreign"]:
         on = f" on GPUs {f['gpus']}" if f.get("gpus") else ""
-        lines.append(f"foreign, not signalled: {f['pid']} {f['cmd'][:60]} ({f['user']}){on}: {f['reason']}")
+        lines.append(f"foreign, not signalled: {who(f)}{on}: {f['reason']}")
     for a in result["unattributed_apps"]:
         lines.append(f"unattributed compute app pid {a['pid']} ({a['name']}) {a['used_mib']} MiB: PID not visible here")
     shm = result["shm"]
@@ -71,7 +77,7 @@ def summarize(result: dict[str, Any]) -> list[str]:
 def failure(result: dict[str, Any], targets: dict[int, dict[str, Any]], left_on_gpu: set[int], params) -> str:
     stuck = [targets[p] for p in sorted(targets) if not targets[p]["exited"] or p in left_on_gpu]
     if stuck and not result["check_mode"] and not result["report_only"]:
-        names = "; ".join(f"PID {t['pid']} ({t['cmd'][:80]}) on GPUs {t['gpus']}" for t in stuck)
+        names = "; ".join(f"PID {who(t)} on GPUs {t['gpus']}" for t in stuck)
         return f"still running or holding GPU memory after {params['timeout_s']} s: {names}"
     if result["nvidia_smi_error"]:
         return result["nvidia_smi_error"]
@@ -79,7 +85,7 @@ def failure(result: dict[str, Any], targets: dict[int, dict[str, Any]], left_on_
         names = "; ".join(f"GPU {w['index']} ({w['uuid'] or w['bus_id']}): {w['text']}" for w in result["wedged"])
         return f"wedged GPU, needs `nvidia-smi -r` (with nothing using it) or a reboot: {names}"
     if params["fail_on_foreign_holders"] and result["foreign_holders"]:
-        names = "; ".join(f"PID {f['pid']} ({f['cmd'][:80]}) on GPUs {f['gpus']}" for f in result["foreign_holders"])
+        names = "; ".join(f"PID {who(f)} on GPUs {f['gpus']}" for f in result["foreign_holders"])
         return f"foreign processes use the GPUs (not signalled): {names}"
     if params["fail_on_foreign_holders"] and result["unattributed_apps"]:
         apps = result["unattributed_apps"]

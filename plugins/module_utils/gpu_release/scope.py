@@ -26,6 +26,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.host.procfs impo
     placement,
     read_link,
     unit_cgroup_pids,
+    user_name,
 )
 from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import SystemdError, show_units
 
@@ -118,15 +119,6 @@ class Users:
     absent: list[str]
 
 
-def user_name(uid: int | None) -> str:
-    if uid is None:
-        return "an unknown user"
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def resolve_users(names: list[str]) -> Users:
     """Users given by name or uid; names that are not users on this host own nothing here."""
     users = Users([], set(), [])
@@ -179,7 +171,7 @@ def unit_members(
 
 
 def foreign_entry(proc: Proc, reason: str) -> dict[str, Any]:
-    return {**proc.brief(), "user": user_name(proc.uid), "reason": reason}
+    return {**proc.brief(), "reason": reason}
 
 
 def never_reason(proc: Proc, never: set[int], protected: list[str]) -> str | None:
@@ -196,7 +188,7 @@ def never_reason(proc: Proc, never: set[int], protected: list[str]) -> str | Non
 def select(
     params: dict[str, Any], module: AnsibleModule, procs: dict[int, Proc], scope: Scope, known_units: dict | None = None
 ) -> tuple[dict[int, str], list[dict], dict[int, dict]]:
-    """(target pid -> reason, spared [{pid, cmd, reason}], foreign pid -> {pid, cmd, user, reason}).
+    """(target pid -> reason, spared [{pid, user, title, reason}], foreign pid -> {pid, user, title, reason}).
 
     Targets: members of the units' cgroups, engine-pattern processes in scope, and their descendants in
     scope. An engine-pattern process (or a target's descendant) out of scope is foreign: named, never signalled.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import pwd
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ _PYTHON_RE = re.compile(r"^(python|pypy)(\d+(\.\d+)*t?)?$")
 # Interpreter options that take no value and options that take one (python3 --help).
 _PY_FLAGS = {"-b", "-bb", "-B", "-d", "-E", "-i", "-I", "-O", "-OO", "-P", "-q", "-s", "-S", "-u", "-v", "-x"}
 _PY_FLAGS_WITH_VALUE = {"-W", "-X"}
+# The longest process title a result carries.
+TITLE_MAX = 100
 
 
 @dataclass
@@ -44,11 +47,38 @@ class Proc:
     pidns_depth: int | None = None
 
     @property
-    def cmd(self) -> str:
-        return " ".join(self.argv) if self.argv else f"[{self.comm}]"
+    def title(self) -> str:
+        """How the process is named in a result: see ``title_of``; ``[comm]`` for one without argv[0] (a kernel
+        thread)."""
+        return (title_of(self.argv[0]) if self.argv else "") or f"[{title_of(self.comm)}]"
 
     def brief(self) -> dict[str, Any]:
-        return {"pid": self.pid, "ppid": self.ppid, "cmd": self.cmd[:300], "comm": self.comm}
+        """What a result may say of the process: pid, parent, user and title. Never its arguments: a secret given to
+        a stranger's process on its command line (``--api-key KEY``) would reach the controller's output."""
+        return {"pid": self.pid, "ppid": self.ppid, "user": user_name(self.uid), "title": self.title}
+
+
+def title_of(argv0: str) -> str:
+    """A process title as a result may show it: argv[0] as written up to its first whitespace (a process title such
+    as ``sglang::scheduler_TP0`` is argv[0]), the basename where argv[0] is a Python interpreter.
+
+    A title set with setproctitle is one NUL-padded argv[0] and may hold a whole command line
+    (``serve.py --api-key KEY``): cut at its first space, its arguments never show.
+    """
+    words = argv0.split(None, 1)
+    if not words:
+        return ""
+    base = os.path.basename(words[0])
+    return (base if _PYTHON_RE.match(base) else words[0])[:TITLE_MAX]
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "an unknown user"
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _read(path: str, binary: bool = False) -> Any:

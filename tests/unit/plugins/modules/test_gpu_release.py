@@ -471,7 +471,8 @@ def test_main_fails_naming_pid_command_and_gpu_when_a_target_outlives_the_timeou
         p.kill()
         p.wait()
     assert rc == 1
-    assert f"PID {p.pid} (sglang::stuck_TP3 -c import time" in out["msg"]
+    assert f"PID {p.pid} sglang::stuck_TP3 ({pf.user_name(os.geteuid())}) on GPUs" in out["msg"]
+    assert "import time" not in out["msg"], "a process is named by its title, never its arguments"
     assert "on GPUs [3]" in out["msg"]  # minor 1 is index 3 on the constructed host
     assert "after 0.4 s" in out["msg"]
     assert (p.pid, 15) in sent and (p.pid, 9) in sent
@@ -765,3 +766,74 @@ def test_main_requires_the_engines_from_its_caller(tmp_path, capsys):
     """No engine list of its own: the role passes the roster's units, patterns and service users."""
     rc, out = run_main({"shm_dir": str(tmp_path)}, capsys)
     assert rc == 1 and out["msg"] == "missing required arguments: patterns, service_users, units"
+
+
+# ---------------------------------------------------------------- what a result says of a process: never its arguments
+
+
+@pytest.mark.parametrize(
+    ("argv", "title"),
+    [
+        (["sglang::scheduler_TP0"], "sglang::scheduler_TP0"),
+        (["/opt/sglang/bin/sglang", "serve", "--api-key", "SECRET"], "/opt/sglang/bin/sglang"),
+        (["/opt/venv/bin/python3.12", "serve.py", "--api-key", "SECRET"], "python3.12"),
+        (["python3", "-c", "import x", "--api-key", "SECRET"], "python3"),
+        # setproctitle: one NUL-padded argv[0] that holds a whole command line
+        (pf.parse_cmdline(b"gunicorn: master [app --api-key SECRET]\0\0\0\0"), "gunicorn:"),
+        (pf.parse_cmdline(b"python3 serve.py --api-key SECRET   \0\0"), "python3"),
+        (["trainer\t--api-key=SECRET"], "trainer"),
+        ([], "[kworker/0:1]"),
+        (["", "--api-key", "SECRET"], "[kworker/0:1]"),
+        (["x" * 500], "x" * pf.TITLE_MAX),
+    ],
+)
+def test_a_process_is_named_by_its_title_never_its_arguments(argv, title):
+    brief = pf.Proc(42, 1, 1042, "S", 0, "kworker/0:1", list(argv)).brief()
+    assert brief == {"pid": 42, "ppid": 1, "user": pf.user_name(0), "title": title}
+    assert "SECRET" not in json.dumps(brief)
+
+
+def test_nvidia_smis_process_names_are_cut_as_titles_are():
+    apps = [{"pid": 7, "name": "trainer --api-key SECRET"}, {"pid": 8, "name": "/usr/bin/python3"},
+            {"pid": 9, "name": "[Not Found]"}, {"pid": 10, "name": None}]
+    assert [a["name"] for a in release_gpus.titled(apps)] == ["trainer", "python3", "[Not Found]", None]
+
+
+def hold_gpu(argv: list[str], dev: Path, minor: int, mib: int, children: list[subprocess.Popen]) -> int:
+    """A process with this argv (argv[0] may be a process title) that holds GPU ``minor`` with ``mib`` MiB."""
+    code = (f"import time; fs=[open('{dev}/nvidia{minor}'), open('{dev}/nvidia-uvm')]; print('ready', flush=True); "
+            "time.sleep(60)")
+    child = subprocess.Popen([argv[0], "-c", code, *argv[1:]], executable=sys.executable, stdout=subprocess.PIPE,
+                             env={**os.environ, "NVSIM_MEM_MIB": f"{minor}:{mib}"})
+    children.append(child)
+    assert child.stdout.readline() == b"ready\n"
+    return child.pid
+
+
+def test_a_key_on_a_foreign_command_line_never_reaches_the_result_or_the_report(tmp_path, capsys):
+    """A stranger's process holding a GPU with a key in its arguments, or in a title set to a whole command line, is
+    named by pid, user and title; so is an engine of ours started with a key on its command line."""
+    args = {**sim(tmp_path), "service_users": [str(os.geteuid())], "report_only": True,
+            "fail_on_foreign_holders": True, "clean_shm": False}  # fmt: skip
+    dev, children = tmp_path / "dev", []
+    try:
+        engine = hold_gpu(["sglang::scheduler_TP0", "--api-key", "SECRET-engine"], dev, 0, 1024, children)
+        stranger = hold_gpu(["python3", "serve.py", "--api-key", "SECRET-argv"], dev, 1, 2048, children)
+        titled = hold_gpu(["trainer --api-key SECRET-title"], dev, 4, 512, children)
+        rc, out = run_main(args, capsys, check=False)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert rc == 1
+    assert "SECRET" not in json.dumps(out), [line for line in out["summary"] if "SECRET" in line]
+    user = pf.user_name(os.geteuid())
+    assert [(t["pid"], t["title"], t["user"]) for t in out["targets"]] == [(engine, "sglang::scheduler_TP0", user)]
+    holders = {f["pid"]: (f["title"], f["user"]) for f in out["foreign_holders"]}
+    assert holders == {stranger: ("python3", user), titled: ("trainer", user)}
+    assert f"PID {stranger} python3 ({user}) on GPUs [3]" in out["msg"]  # minor 1 is index 3
+    assert f"PID {titled} trainer ({user}) on GPUs [6]" in out["msg"]
+    assert any(line.startswith(f"foreign, not signalled: {stranger} python3 ({user}) on GPUs [3]")
+               for line in out["summary"]), out["summary"]
+    named = {h["pid"]: h["title"] for g in out["gpus"] for h in g["holders"]}
+    assert named[engine] == "sglang::scheduler_TP0" and named[titled] == "trainer"
