@@ -12,8 +12,14 @@ One mechanism for every role and playbook. The source of truth is the roles' met
 - Each model profile is checked against one nested schema, the ``profile`` entry point of
   ``roles/input_check/meta/argument_specs.yml`` together with the ``profile`` entry point of each engine role (its
   own keys): required keys, types, choices, unknown keys refused.
-- What is engine-specific (the flags that carry keys, the variables that must differ) comes from the engine roster,
-  ``meta/engines.yml``; argument-spec choices written as a roster query are resolved against it.
+- What is engine-specific (the flags that carry keys, the flags reserved to variables, the variables that must
+  differ) comes from the engine roster, ``meta/engines.yml``; argument-spec choices written as a roster query are
+  resolved against it.
+- What the engine finally runs with is looked at too (plugins/plugin_utils/engine_inputs.py): every key of the
+  option mappings (a profile's ``<engine>_options``, ``<engine>_extra_options``, ``<engine>_default_options``) is a
+  flag of the engine's pinned parser (the role's ``files/flags-<version>.txt``), none is a flag the role sets from a
+  variable (``host``, ``port``) or one that takes a guard away, and no variable of ``<engine>_environment`` or
+  ``<engine>_extra_environment`` takes one away (the role's ``files/guarded_inputs.yml``).
 
 Play variables and role defaults are ours, not the user's: only the host's variables are read
 (``hostvars``: inventory, extra vars, facts), so a play's ``vars:`` never trips the check.
@@ -21,6 +27,7 @@ Play variables and role defaults are ours, not the user's: only the host's varia
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import re
@@ -39,6 +46,14 @@ try:  # the plugin runs inside Ansible; the pure functions below are tested with
 except ImportError:  # pragma: no cover
     ActionBase = object  # type: ignore[assignment,misc]
 
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_inputs import (
+    EngineInputs,
+    GuardFileError,
+    environment_problems,
+    flag_key,
+    load_engine_inputs,
+    option_problems,
+)
 from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import RosterError, load_roster
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
@@ -198,8 +213,8 @@ def _unknown_keys(value: Any, schema: dict, path: str) -> list[str]:
     return messages
 
 
-def _profile_rules(profile: dict, roster: dict[str, dict]) -> list[str]:
-    """What types cannot say: ranges, absolute paths, speculation needs a drafter."""
+def _profile_rules(profile: dict, roster: dict[str, dict], inputs: EngineInputs) -> list[str]:
+    """What types cannot say: ranges, absolute paths, speculation needs a drafter, the engines' option keys."""
     messages = []
     if profile["tensor_parallel_size"] < 1:
         messages.append("tensor_parallel_size must be at least 1")
@@ -212,20 +227,23 @@ def _profile_rules(profile: dict, roster: dict[str, dict]) -> list[str]:
         messages.append("speculative is set but drafter is null: speculation needs a drafter")
     if profile.get("trust_remote_code"):
         messages += _unpinned_remote_code(profile)
-    messages += keys_in_options({f"{engine}_options": profile.get(f"{engine}_options") for engine in roster},
-                                "the profile", roster)
+    options = {f"{engine}_options": profile.get(f"{engine}_options") for engine in roster}
+    messages += keys_in_options(options, "the profile", roster)
+    messages += option_problems(options, roster, inputs)
     return messages
 
 
 def keys_in_options(options: dict[str, Any], where: str, roster: dict[str, dict]) -> list[str]:
     """A key among an engine's flags (the roster's secret_flags, in a profile's <engine>_options, the
     <engine>_extra_options variable, ...: the mapping's name starts with the engine's) would be kept in `where`,
-    release.json and every report; keys are given by the engine's own no_log variables (root-only files)."""
-    return [f"{name}.{flag} is a secret: set {engine}_{flag.replace('-', '_')} (from a vault) instead; options are "
+    release.json and every report; keys are given by the engine's own no_log variables (root-only files).
+    Option keys are compared as the engines' parsers may read them: `api_key` is `api-key`."""
+    return [f"{name}.{key} is a secret: set {engine}_{flag.replace('-', '_')} (from a vault) instead; options are "
             f"kept in {where}, the release metadata and the reports"
             for name, value in options.items() if isinstance(value, dict)
             for engine in roster if name.startswith(f"{engine}_")
-            for flag in roster[engine]["secret_flags"] if flag in value]
+            for key in value
+            for flag in roster[engine]["secret_flags"] if flag_key(key) == flag_key(flag)]
 
 
 def same_secrets(given: dict[str, Any], roster: dict[str, dict]) -> list[str]:
@@ -260,8 +278,10 @@ def _unpinned_remote_code(profile: dict) -> list[str]:
     return messages
 
 
-def check_profile(name: str, profile: Any, schema: dict, roster: dict[str, dict]) -> tuple[dict | None, list[str]]:
-    """Validate one profile; return it with the defaults of optional keys filled in, and the errors."""
+def check_profile(name: str, profile: Any, schema: dict, roster: dict[str, dict],
+                  inputs: EngineInputs | None = None) -> tuple[dict | None, list[str]]:
+    """Validate one profile; return it with the defaults of optional keys filled in, and the errors. `inputs`: the
+    engines' flag lists and guarded inputs (default: those of the engine roles' default versions)."""
     if not isinstance(profile, dict):
         return None, [f"profile {name}: must be a mapping, got {type(profile).__name__}"]
     messages = _unknown_keys(profile, schema, "")
@@ -269,7 +289,7 @@ def check_profile(name: str, profile: Any, schema: dict, roster: dict[str, dict]
     messages += [e.args[0] if e.args else str(e) for e in result.errors if not isinstance(e, UnsupportedError)]
     if not messages:
         normalized = result.validated_parameters
-        messages += _profile_rules(normalized, roster)
+        messages += _profile_rules(normalized, roster, inputs or default_engine_inputs(roster))
         if normalized.get("tokenizer") is None:
             normalized["tokenizer"] = normalized["model"]["path"]
         for kind in ("model", "drafter"):  # a source keeps only the keys it was given (model_fetch's own defaults)
@@ -284,11 +304,17 @@ def check_profile(name: str, profile: Any, schema: dict, roster: dict[str, dict]
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+# Line and paragraph separators: YAML (SGLang's config file) and Python's splitlines() break lines at them, as at
+# U+0085 (NEL, among the C1 controls).
+LINE_SEPARATORS = ("\u2028", "\u2029")
+
+
 def control_characters(value: Any, path: str) -> list[str]:
     """Where a string of a (nested) value holds a control character: in a unit or config file a newline starts a
-    new line that systemd or the engine reads as its own (an ExecStartPre=, say)."""
+    new line that systemd or the engine reads as its own (an ExecStartPre=, or a key of SGLang's config, say)."""
     if isinstance(value, str):
-        found = sorted({f"U+{ord(c):04X}" for c in value if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0})
+        found = sorted({f"U+{ord(c):04X}" for c in value
+                        if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or c in LINE_SEPARATORS})
         return [f"{path or 'value'} holds control characters ({', '.join(found)})"] if found else []
     if isinstance(value, dict):
         return [m for key, item in value.items() for m in control_characters(str(key), f"{path} key") +
@@ -305,20 +331,33 @@ def bad_profile_name(name: str) -> list[str]:
             "with a letter or digit (it names the unit's description, the release and the report folders)"]
 
 
-def check_profiles(profiles: Any, schema: dict, roster: dict[str, dict]) -> tuple[dict, list[str]]:
+def check_profiles(profiles: Any, schema: dict, roster: dict[str, dict],
+                   inputs: EngineInputs | None = None) -> tuple[dict, list[str]]:
     if not isinstance(profiles, dict):
         return {}, [f"engine_profiles must be a mapping of profile name to profile, got {type(profiles).__name__}"]
+    inputs = inputs or default_engine_inputs(roster)
     normalized, messages = {}, []
     for name, profile in profiles.items():
         refused = bad_profile_name(str(name)) or [f"profile {name}: {m}" for m in control_characters(profile, "")]
         if refused:
             messages += refused
             continue
-        checked, errors = check_profile(str(name), profile, schema, roster)
+        checked, errors = check_profile(str(name), profile, schema, roster, inputs)
         messages += errors
         if checked is not None:
             normalized[name] = checked
     return normalized, messages
+
+
+def role_default(role: str, name: str, roles_dir: Path = ROLES_DIR) -> Any:
+    """A variable's value in a role's defaults/main.yml (None without one)."""
+    return (_yaml(roles_dir / role / "defaults" / "main.yml") or {}).get(name)
+
+
+def default_engine_inputs(roster: dict[str, dict]) -> EngineInputs:
+    """The engines' flag lists and guarded inputs at the versions their roles default to (`<engine>_version`)."""
+    versions = {engine: role_default(entry["role"], f"{engine}_version") for engine, entry in roster.items()}
+    return load_engine_inputs(roster, {engine: str(v) for engine, v in versions.items() if v is not None})
 
 
 def placeholder_host(host: str, inventory_file: str | None) -> list[str]:
@@ -361,6 +400,19 @@ class ActionModule(ActionBase):
                 continue  # refers to a role default: the role's own argument check sees it at entry
         return values
 
+    def _engine_versions(self, roster: dict[str, dict], task_vars: dict) -> dict[str, str]:
+        """Each engine's version (`<engine>_version`): the host's or play's value, else its role's default."""
+        versions = {}
+        for engine, entry in roster.items():
+            name = f"{engine}_version"
+            value = role_default(entry["role"], name)
+            if name in task_vars:
+                with contextlib.suppress(AnsibleError):  # the role's own argument check names it
+                    value = self._templar.template(task_vars[name])
+            if value is not None:
+                versions[engine] = str(value)
+        return versions
+
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
@@ -372,6 +424,11 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=f"1 input error(s), nothing was changed:\n{exc}")
             return result
         errors = placeholder_host(str(task_vars.get("inventory_hostname", "")), task_vars.get("inventory_file"))
+        try:
+            inputs = load_engine_inputs(roster, self._engine_versions(roster, task_vars))
+        except GuardFileError as exc:
+            result.update(failed=True, msg=f"1 input error(s), nothing was changed:\n{exc}")
+            return result
 
         if args.get("variables", True):
             raw, templated = self._host_variables(task_vars)
@@ -382,8 +439,10 @@ class ActionModule(ActionBase):
             # Strings reach unit files, config files and command lines: a control character is never meant.
             errors += [m for name, value in sorted(given.items()) for m in control_characters(value, name)]
             errors += same_secrets(given, roster)
-            errors += keys_in_options({n: v for n, v in given.items() if n.endswith("_options")}, "the inventory",
-                                      roster)
+            options = {n: v for n, v in given.items() if n.endswith("_options")}
+            errors += keys_in_options(options, "the inventory", roster)
+            errors += option_problems(options, roster, inputs)
+            errors += environment_problems(given, roster, inputs)
             if "engine_profile" in raw:
                 errors += bad_profile_name(str(self._templar.template(raw["engine_profile"])))
 
@@ -391,7 +450,7 @@ class ActionModule(ActionBase):
         normalized: dict = {}
         if profiles is not None:
             profiles = self._templar.template(profiles)
-            normalized, profile_errors = check_profiles(profiles, catalog.profile_schema, roster)
+            normalized, profile_errors = check_profiles(profiles, catalog.profile_schema, roster, inputs)
             errors += profile_errors
             if args.get("variables", True) and isinstance(profiles, dict) and "engine_profile" in task_vars:
                 errors += missing_profile(str(self._templar.template(task_vars["engine_profile"])), profiles,

@@ -21,9 +21,9 @@ ENGINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # key -> type; every key is required (an engine without a value says so: "", [] or false).
 FIELDS: dict[str, type] = {
     "role": str, "playbook": str, "unit": str, "service_user": str, "process_patterns": list, "env_prefixes": list,
-    "secret_flags": list, "distinct_secrets": list, "nodes_group_variable": str, "readiness_timeout_s": int,
-    "generating_routes": list, "reasoning_field": str, "server_info": bool, "unguarded_route_hint": str,
-    "drain_program": str, "metrics": dict,
+    "secret_flags": list, "reserved_flags": dict, "distinct_secrets": list, "nodes_group_variable": str,
+    "readiness_timeout_s": int, "generating_routes": list, "reasoning_field": str, "server_info": bool,
+    "unguarded_route_hint": str, "drain_program": str, "metrics": dict,
 }
 ACCEPTANCE_COUNTERS = {
     "verify_calls": ("generation_tokens", "verify_calls"),
@@ -68,6 +68,8 @@ def check_entry(name: str, entry: Any) -> list[str]:
                 problems.append(f"{name}.{key} must not be empty")
         if not entry["process_patterns"]:
             problems.append(f"{name}.process_patterns must name at least one pattern (a teardown looks for them)")
+        problems += [f"{name}.reserved_flags.{flag} must name what sets the flag (a non-empty string)"
+                     for flag, what in entry["reserved_flags"].items() if not isinstance(what, str) or not what]
     return problems
 
 

@@ -27,7 +27,8 @@ ENGINE = "fakeinfer"
 ROSTER_ENTRY = {
     "role": ENGINE, "playbook": "launch.yml", "unit": f"{ENGINE}.service", "service_user": ENGINE,
     "process_patterns": [f"{ENGINE}::*", f"{ENGINE} serve"], "env_prefixes": ["FAKEINFER_"],
-    "secret_flags": ["api-key"], "distinct_secrets": [], "nodes_group_variable": "", "readiness_timeout_s": 123,
+    "secret_flags": ["api-key"], "reserved_flags": {"port": "the profile's port"}, "distinct_secrets": [],
+    "nodes_group_variable": "", "readiness_timeout_s": 123,
     "generating_routes": ["/v1/chat/completions"], "reasoning_field": "reasoning", "server_info": False,
     "unguarded_route_hint": "", "drain_program": "",
     "metrics": {"prefix": f"{ENGINE}:", "acceptance": "draft_counters", "generation_tokens": f"{ENGINE}:gen_total",

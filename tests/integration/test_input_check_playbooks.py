@@ -21,6 +21,8 @@ from tests.playbook_run import PlaybookRun, run_playbook
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = sorted(p.name for p in REPO.glob("*.yml") if "import_playbook: playbooks/" in p.read_text())
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").is_file())
+SANDBOX_PROFILES = yaml.safe_load((REPO / "inventory" / "sandbox" / "group_vars" / "all" / "models.yml").read_text())[
+    "engine_profiles"]
 REFUSED = {
     **{f"{role}_bogus": 1 for role in ROLES},
     "sglang_api_kye": "x",
@@ -33,6 +35,13 @@ REFUSED = {
     "sglang_extra_environment": {"X": "1\nExecStartPre=+/bin/true"},
     "sglang_api_key": "same-Key-1",
     "sglang_admin_api_key": "same-Key-1",
+    # What the engine finally runs with: options the roles' variables own, that drop a guard, or that carry a key.
+    "sglang_extra_options": {"host": "0.0.0.0", "tokenizer-worker-num": 2},
+    "vllm_extra_options": {"api_key": "x"},
+    "vllm_extra_environment": {"VLLM_SERVER_DEV_MODE": "1"},
+    "engine_profiles": {**SANDBOX_PROFILES, "guarded": {**SANDBOX_PROFILES["sandbox-tiny"],
+                                                        "sglang_options": {"enable-http2": True},
+                                                        "vllm_options": {"host": "::"}}},
 }
 EXPECTED = [
     *(f"unknown variable {role}_bogus: not an option of role {role}" for role in ROLES),
@@ -44,6 +53,13 @@ EXPECTED = [
     "profile name 'x\\n[Service]\\nExecStartPre=+/bin/touch /tmp/pwned' is not a plain name",
     "sglang_extra_environment.X holds control characters (U+000A)",
     "sglang_api_key equals sglang_admin_api_key: sglang needs them to differ",
+    "sglang_extra_options.host: host is set by sglang_listen_address, never by an option",
+    "sglang_extra_options.tokenizer-worker-num is 2: SGLang adds its API-key and admin-key middleware only in "
+    "single-tokenizer mode",
+    "vllm_extra_options.api_key is a secret: set vllm_api_key",
+    'vllm_extra_environment.VLLM_SERVER_DEV_MODE is "1": vLLM then adds its development routes',
+    "profile guarded: sglang_options.enable-http2 is true: SGLang then serves HTTP through Granian",
+    "profile guarded: vllm_options.host: host is set by vllm_listen_address, never by an option",
 ]
 
 

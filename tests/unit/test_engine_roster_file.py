@@ -33,6 +33,10 @@ def test_the_roster_names_both_engines_with_their_units_users_and_patterns():
     (lambda e: e["vllm"]["metrics"].pop("drafts"), "vllm.metrics.drafts is missing"),
     (lambda e: e["vllm"]["metrics"].update(acceptance="magic"), "vllm.metrics.acceptance must be one of"),
     (lambda e: e.update({"Bad-Name": {}}), "engine name 'Bad-Name' must be lower-case"),
+    (lambda e: e["vllm"].pop("reserved_flags"), "vllm.reserved_flags is missing"),
+    (lambda e: e["vllm"].update(reserved_flags=["host"]), "vllm.reserved_flags must be a dict, got list"),
+    (lambda e: e["sglang"]["reserved_flags"].update(host=""),
+     "sglang.reserved_flags.host must name what sets the flag"),
 ])
 def test_a_broken_entry_is_refused_naming_engine_and_key(change, message):
     data = copy.deepcopy(raw())
@@ -51,3 +55,9 @@ def test_an_empty_or_missing_roster_is_refused(tmp_path):
         er.check_roster({"engines": {}})
     with pytest.raises(er.RosterError, match="cannot read the engine roster"):
         er.load_roster(tmp_path / "absent.yml")
+
+
+def test_every_engine_reserves_its_bind_address_and_port_to_variables():
+    """An option must not move the engine off the address and port that the unit, the no-key refusal and verify read."""
+    for name, entry in ROSTER.items():
+        assert entry["reserved_flags"] == {"host": f"{name}_listen_address", "port": "the profile's port"}, name

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.blackwell.serving.plugins.plugin_utils import engine_inputs as ei
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -361,3 +362,197 @@ def test_the_example_inventorys_hosts_are_placeholders_named_with_the_way_out():
                                   "xgpu01.example.internal"])
 def test_other_hosts_are_not_placeholders(host):
     assert ic.placeholder_host(host, None) == []
+
+
+# --- the effective configuration: option keys, reserved and guarded flags, the engines' environment ------------
+
+INPUTS = ic.default_engine_inputs(ROSTER)
+GUARDS = {engine: yaml.safe_load((ROLES / entry["role"] / "files" / "guarded_inputs.yml").read_text())
+          for engine, entry in ROSTER.items()}
+
+
+def _refusals(options: dict) -> list[str]:
+    """A profile's errors with `options` (engine name -> its options) in place of its own."""
+    profile = _kimi() | {f"{engine}_options": value for engine, value in options.items()}
+    return ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER, INPUTS)[1]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"sglang": {"host": "0.0.0.0"}},
+     "profile kimi: sglang_options.host: host is set by sglang_listen_address, never by an option (the unit, the "
+     "no-key refusal off loopback and verify read that): set it there"),
+    ({"sglang": {"port": 30001}},
+     "profile kimi: sglang_options.port: port is set by the profile's port, never by an option"),
+    ({"vllm": {"host": "::"}},
+     "profile kimi: vllm_options.host: host is set by vllm_listen_address, never by an option"),
+    ({"vllm": {"port": False}},
+     "profile kimi: vllm_options.port: port is set by the profile's port, never by an option"),
+])
+def test_host_and_port_are_never_options(options: dict, message: str) -> None:
+    (error,) = _refusals(options)
+    assert error.startswith(message), error
+
+
+def test_host_and_port_are_refused_in_the_option_variables_too() -> None:
+    given = {"sglang_extra_options": {"host": "0.0.0.0"}, "vllm_default_options": {"port": 8001, "max-num-seqs": 8}}
+    assert [m.split(":")[0] for m in ic.option_problems(given, ROSTER, INPUTS)] == [
+        "sglang_extra_options.host", "vllm_default_options.port"]
+
+
+def test_a_secret_flag_is_refused_in_either_spelling() -> None:
+    tail = "(from a vault) instead; options are kept in the profile, the release metadata and the reports"
+    assert _refusals({"vllm": {"api_key": "x"}, "sglang": {"admin_api_key": "y"}}) == [
+        f"profile kimi: sglang_options.admin_api_key is a secret: set sglang_admin_api_key {tail}",
+        f"profile kimi: vllm_options.api_key is a secret: set vllm_api_key {tail}"]
+    assert ic.keys_in_options({"vllm_extra_options": {"API_KEY": "x"}}, "the inventory", ROSTER)[0].startswith(
+        "vllm_extra_options.API_KEY is a secret: set vllm_api_key")
+
+
+def test_a_line_separator_in_an_option_key_is_refused_naming_it() -> None:
+    profile = _kimi()
+    profile["sglang_options"] = {"log-level\u2028api-key": "x", "served-model-name": "a\u2029b"}
+    _, errors = ic.check_profiles({"kimi": profile}, CATALOG.profile_schema, ROSTER, INPUTS)
+    assert errors == ["profile kimi: sglang_options key holds control characters (U+2028)",
+                      "profile kimi: sglang_options.served-model-name holds control characters (U+2029)"]
+    assert ic.control_characters("a\u0085b", "sglang_extra_environment.X") == [
+        "sglang_extra_environment.X holds control characters (U+0085)"]
+
+
+def test_an_unknown_option_key_names_the_closest_flag_of_the_engines_version() -> None:
+    assert _refusals({"sglang": {"speculative-num-step": 3}, "vllm": {"max-num-seq": 8}}) == [
+        "profile kimi: sglang_options.speculative-num-step is not a flag of sglang 0.5.23 "
+        "(roles/sglang/files/flags-0.5.23.txt); did you mean speculative-num-steps?",
+        "profile kimi: vllm_options.max-num-seq is not a flag of vllm 0.33.0 (roles/vllm/files/flags-0.33.0.txt); did "
+        "you mean max-num-seqs?"]
+
+
+def test_keys_are_checked_against_their_own_engines_flags_only() -> None:
+    # max-num-seqs is vLLM's, max-running-requests SGLang's: each is known only to its own engine.
+    errors = _refusals({"sglang": {"max-num-seqs": 8}, "vllm": {"max-running-requests": 8}})
+    assert [e.split(" is not a flag of ")[0] for e in errors] == [
+        "profile kimi: sglang_options.max-num-seqs", "profile kimi: vllm_options.max-running-requests"]
+    assert "sglang 0.5.23" in errors[0] and "vllm 0.33.0" in errors[1]
+
+
+def test_keys_are_compared_as_the_parsers_read_them() -> None:
+    """`_` and `-` alike, a false value (which drops a flag) or a list value changes nothing, vLLM's dotted keys set
+    one field of a JSON flag."""
+    assert _refusals({"vllm": {"max_num_seqs": 8, "compilation-config.mode": 3, "enable-prefix-caching": False,
+                               "middleware": ["a.B"]},
+                      "sglang": {"enable-metrics": False, "cuda-graph-max-bs-decode": 16}}) == []
+
+
+def test_without_a_flag_list_for_the_version_the_keys_are_left_to_the_engines_parser() -> None:
+    inputs = ei.load_engine_inputs(ROSTER, {"sglang": "9.9.9"})
+    assert inputs.flags == {"sglang": None, "vllm": None}
+    given = {"sglang_extra_options": {"some-future-flag": 1, "tokenizer-worker-num": 2}}
+    (error,) = ic.option_problems(given, ROSTER, inputs)
+    assert error.startswith("sglang_extra_options.tokenizer-worker-num is 2:")
+
+
+@pytest.mark.parametrize(("key", "value", "why", "upstream", "way_out"), [
+    ("tokenizer-worker-num", 2, "adds its API-key and admin-key middleware only in single-tokenizer mode",
+     "sglang/srt/entrypoints/http_server.py", "leave it at 1"),
+    ("tokenizer_worker_num", "4", "only in single-tokenizer mode", "http_server.py", "leave it at 1"),
+    ("enable-http2", True, "Granian instead of uvicorn", "sglang/srt/entrypoints/http_server.py (_run_granian_server)",
+     "leave it off"),
+    ("crash-dump-folder", "/var/tmp/dumps", "the API key and the admin key unredacted",
+     "sglang/srt/managers/tokenizer_manager.py", "leave it unset"),
+    ("grpc-port", 31000, "native gRPC server", "_start_native_grpc_server_for_runtime", "leave it unset"),
+    ("grpc-mode", True, "legacy SMG gRPC server", "sglang/srt/entrypoints/grpc_server.py", "leave it off"),
+    ("enable-custom-logit-processor", True, "dill-pickled Python callable",
+     "sglang/srt/sampling/custom_logit_processor.py", "leave it off"),
+])
+def test_an_sglang_option_that_removes_a_guard_is_refused_naming_it_why_and_the_way_out(
+        key: str, value: object, why: str, upstream: str, way_out: str) -> None:
+    (error,) = _refusals({"sglang": {key: value}})
+    assert error.startswith(f"profile kimi: sglang_options.{key} is "), error
+    assert why in error and upstream in error and f"way out: {way_out}" in error
+
+
+@pytest.mark.parametrize(("key", "value"), [("tokenizer-worker-num", 1), ("enable-http2", False),
+                                            ("crash-dump-folder", None), ("grpc-port", None), ("smg-grpc-mode", False),
+                                            ("enable-custom-logit-processor", "false")])
+def test_a_guarded_option_at_its_safe_value_passes(key: str, value: object) -> None:
+    assert _refusals({"sglang": {key: value}}) == []
+
+
+def _refusing_value(condition: object) -> str:
+    if condition in ("present", "truthy"):
+        return "1"
+    (kind, argument), = condition.items()  # type: ignore[union-attr]
+    return str(argument + 1) if kind == "greater_than" else "/health_generate2"
+
+
+ENVIRONMENT_CASES = [(engine, entry["name"].replace("*", "CHAT"), _refusing_value(entry["refused_when"]))
+                     for engine, guards in GUARDS.items() for entry in guards["environment"]]
+
+
+@pytest.mark.parametrize(("engine", "variable", "value"), ENVIRONMENT_CASES, ids=[c[1] for c in ENVIRONMENT_CASES])
+def test_each_vetted_environment_variable_is_refused_naming_it(engine: str, variable: str, value: str) -> None:
+    for mapping in (f"{engine}_environment", f"{engine}_extra_environment"):
+        (error,) = ic.environment_problems({mapping: {"HOME": "/var/lib/x", variable: value}}, ROSTER, INPUTS)
+        assert error.startswith(f"{mapping}.{variable} is "), error
+        assert "; see " in error and "/" in error.split("; see ", 1)[1] and "; way out: " in error, error
+
+
+def test_the_vetted_variables_are_the_ones_the_issue_names() -> None:
+    names = {entry["name"] for guards in GUARDS.values() for entry in guards["environment"]}
+    assert {"VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "SGLANG_LOG_REQUEST_HEADERS",
+            "AIP_PREDICT_ROUTE", "SGLANG_OLLAMA_*_ROUTE"} <= names
+
+
+@pytest.mark.parametrize(("variable", "value", "refused"), [
+    ("AIP_PREDICT_ROUTE", "/health/predict", True), ("AIP_PREDICT_ROUTE", "/predict", False),
+    ("SGLANG_OLLAMA_GENERATE_ROUTE", "/metrics_x", True), ("SGLANG_OLLAMA_ROOT_ROUTE", "/ollama", False),
+    ("SGLANG_LOG_REQUEST_HEADERS", "x-request-id", True), ("SGLANG_RUST_SERVER", "0", False),
+    ("SGLANG_RUST_SERVER", "true", True), ("DUMPER_SERVER_PORT", "reuse", False), ("DUMPER_SERVER_PORT", "-1", False),
+])
+def test_route_and_switch_variables_are_refused_only_where_they_take_a_guard_away(variable, value, refused) -> None:
+    errors = ic.environment_problems({"sglang_extra_environment": {variable: value}}, ROSTER, INPUTS)
+    assert bool(errors) is refused, errors
+
+
+def test_the_jit_cache_variables_and_the_role_defaults_pass() -> None:
+    admitted = {"FLASHINFER_WORKSPACE_BASE": "/var/cache/x/flashinfer", "SGLANG_JIT_CACHE_DIR": "/var/cache/x/jit",
+                "SGLANG_DG_CACHE_DIR": "/var/cache/x/dg", "TORCH_CUDA_ARCH_LIST": "12.0",
+                "FLASHINFER_CUDA_ARCH_LIST": "12.0f", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1",
+                "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_PLUGINS": "x", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    given = {**{f"{engine}_extra_environment": admitted for engine in ROSTER},
+             **{f"{engine}_environment": _role_defaults(engine, "environment") for engine in ROSTER}}
+    assert ic.environment_problems(given, ROSTER, INPUTS) == []
+    options = {f"{engine}_default_options": _role_defaults(engine, "default_options") for engine in ROSTER}
+    assert ic.option_problems(options, ROSTER, INPUTS) == []
+
+
+def _role_defaults(engine: str, kind: str) -> dict:
+    return load(ROLES / ROSTER[engine]["role"] / "defaults" / "main.yml")[f"{engine}_{kind}"]
+
+
+def test_vllm_reports_no_usage_by_default() -> None:
+    environment = _role_defaults("vllm", "environment")
+    assert environment["VLLM_NO_USAGE_STATS"] == "1" and environment["DO_NOT_TRACK"] == "1"
+
+
+@pytest.mark.parametrize("inventory", sorted(PROFILES))
+def test_the_inventories_profiles_pass_the_effective_checks(inventory: str) -> None:
+    for profile in pinned(PROFILES[inventory]).values():
+        options = {f"{engine}_options": profile.get(f"{engine}_options") or {} for engine in ROSTER}
+        assert ic.option_problems(options, ROSTER, INPUTS) == []
+        assert ic.keys_in_options(options, "the profile", ROSTER) == []
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("options: [{name: x, refused_when: always, why: w, upstream: u, way_out: o}]", "options x: refused_when must be"),
+    ("options: [{name: x, refused_when: {greater_than: many}, why: w, upstream: u, way_out: o}]",
+     "greater_than needs a number"),
+    ("environment: [{name: X, refused_when: present, why: w, upstream: u}]", "environment X: way_out must be"),
+    ("environment: [{name: X, refused_when: present, why: w, upstream: u, way_out: o, cite: c}]", "unknown key cite"),
+    ("options: [{refused_when: present}]", "each entry is a mapping with a non-empty `name`"),
+    ("flags: []", "a mapping with `options` and `environment` lists"),
+])
+def test_a_broken_guard_file_is_refused_naming_the_entry(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "guarded_inputs.yml"
+    path.write_text(content)
+    with pytest.raises(ei.GuardFileError, match=re.escape(message)):
+        ei.read_guards(path)
