@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 
 from tests import playbook_run
+from tests.doubles.nvidia_smi_double_config import fixture_gpus, sim_config
 from tests.playbook_run import local_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLES = REPO / "tests" / "doubles"
 RTX8 = REPO / "tests" / "fixtures" / "nvidia-smi" / "rtxpro6000-8gpu-constructed"
 INSIDE = "BWS_GPU_TEST_IN_PIDNS"
-# index -> device minor of the constructed 8-GPU host (proc-driver-nvidia/gpus/*/information)
-MINOR_OF_INDEX = [2, 3, 0, 1, 6, 7, 4, 5]
+# index -> device minor of the constructed 8-GPU host (proc-driver-nvidia/gpus/*/information): 2, 3, 0, 1, 6, 7, 4, 5
+MINOR_OF_INDEX = [gpu["minor"] for gpu in fixture_gpus(RTX8)]
 
 
 def in_new_pid_namespace(test, without: tuple[str, ...] = ()):
@@ -83,22 +84,7 @@ class Sim:
         self.shm.mkdir()
         for name in [*(f"nvidia{m}" for m in range(8)), "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
             (self.dev / name).write_bytes(b"")
-        gpus = []
-        for line in (RTX8 / "query-gpu-idle.csv").read_text().splitlines():
-            parts = line.split(", ")
-            index = int(parts[0])
-            gpus.append(
-                {
-                    "index": index,
-                    "minor": MINOR_OF_INDEX[index],
-                    "uuid": parts[1],
-                    "name": parts[2],
-                    "pci_bus_id": parts[3],
-                    "compute_cap": parts[5],
-                    "memory_total_mib": int(parts[7]),
-                }
-            )
-        self.gpus = gpus
+        self.gpus = fixture_gpus(RTX8)
         self.config = root / "sim.json"
         self.write_config(mode)
         self.nvidia_smi = root / "bin" / "nvidia-smi"
@@ -110,9 +96,7 @@ class Sim:
         self.children: list[subprocess.Popen] = []
 
     def write_config(self, mode: str) -> None:
-        self.config.write_text(
-            json.dumps({"dev_dir": str(self.dev), "driver_version": "580.105.08", "mode": mode, "gpus": self.gpus})
-        )
+        self.config.write_text(json.dumps(sim_config(RTX8, self.dev, mode, gpus=self.gpus)))
 
     def gpu_file(self, index: int) -> str:
         return str(self.dev / f"nvidia{MINOR_OF_INDEX[index]}")

@@ -123,21 +123,17 @@ GPU_DOUBLE = "/tmp/bws-gpu-double"  # the NVIDIA-SMI TEST DOUBLE and stand-in de
 
 
 def install_gpu_double(host: EngineHost, tmp_path: Path, root: str = GPU_DOUBLE) -> dict:
-    """The 8-GPU simulator on the host (stand-in /dev/nvidia*, driver /proc fixture) under `root`; gpu_release vars."""
-    from tests.integration.gpu_helpers import DOUBLES, RTX8, Sim
+    """The 8-GPU simulator on the host (stand-in /dev/nvidia*, driver /proc fixture) under `root`, installed as the
+    sandbox set-up installs it (tests/doubles/nvidia_smi_double_config.py's bundle); gpu_release vars."""
+    from tests.doubles.nvidia_smi_double_config import bundle
+    from tests.integration.gpu_helpers import DOUBLES, RTX8
 
-    gpus = Sim(tmp_path / "sim").gpus
-    config = tmp_path / "sim.json"
-    config.write_text(json.dumps({"dev_dir": f"{root}/dev", "driver_version": "580.105.08", "gpus": gpus}))
-    wrapper = tmp_path / "nvidia-smi"
-    double = f"{root}/nvidia_smi_double.py --config {root}/sim.json"
-    wrapper.write_text(f'#!/bin/sh\nexec python3 {double} "$@"\n')
-    wrapper.chmod(0o755)
-    host.sh(f"rm -rf {root}; mkdir -p {root}/dev && cd {root}/dev && "
-            "touch nvidia0 nvidia1 nvidia2 nvidia3 nvidia4 nvidia5 nvidia6 nvidia7 nvidiactl nvidia-uvm")  # fmt: skip
-    for source, dest in [(DOUBLES / "nvidia_smi_double.py", "nvidia_smi_double.py"), (config, "sim.json"),
-                         (wrapper, "nvidia-smi"), (RTX8 / "proc-driver-nvidia", "proc-driver-nvidia")]:  # fmt: skip
-        subprocess.run(["podman", "cp", str(source), f"{host.name}:{root}/{dest}"], check=True)
+    (tmp_path / "gpu-double-bundle.json").write_text(json.dumps(bundle(RTX8, root)))
+    host.sh(f"rm -rf {root}")
+    with (tmp_path / "gpu-double-bundle.json").open() as stdin:
+        subprocess.run(["podman", "exec", "-i", host.name, "python3", "-c",
+                        (DOUBLES / "nvidia_smi_double_config.py").read_text(), "--install"],
+                       stdin=stdin, capture_output=True, check=True)
     return {
         "gpu_release_nvidia_smi": f"{root}/nvidia-smi",
         "gpu_release_driver_proc_dir": f"{root}/proc-driver-nvidia",
