@@ -43,6 +43,15 @@ Environment (all optional):
     ENGINE_DOUBLE_REQUEST_LOG   a file to which each generation request appends one JSON line: its route and what
                               decides what is generated (stream, usage, ignore_eos, chat_template_kwargs, temperature,
                               top_p, messages)
+    ENGINE_DOUBLE_GPU_DEV_DIR   a directory of stand-in device files watched by the NVIDIA-SMI TEST DOUBLE
+                              (tests/doubles/nvidia_smi_double.py): the double holds its GPUs while it lives, as a CUDA
+                              process does, with nvidiactl, nvidia-uvm and nvidia<minor> of each GPU open (tensor
+                              parallel size x pipeline parallel size / nnodes GPUs, from index 0), so that nvidia-smi's
+                              double lists it as a compute app there; the memory it shows is the double's
+                              NVSIM_MEM_MIB ("minor:MiB,..."), read from this process's environment
+    ENGINE_DOUBLE_GPU_DRIVER_PROC_DIR  the driver /proc directory of those GPUs (gpus/*/information): GPU index i is
+                              the i-th by bus id, as nvidia-smi and CUDA in PCI bus order number them, and its device
+                              minor is the file's; without it, GPU i is minor i
 Stdlib only: it runs inside the systemd test hosts with the distribution's python3.
 """
 
@@ -151,6 +160,7 @@ class Engine:
         self.unhealthy = False  # a /health generation timed out (SGLang's ServerStatus.UnHealthy)
         self.aborts: set[threading.Event] = set()  # one per request in flight; /abort_request sets them all
         self.request_log = os.environ.get("ENGINE_DOUBLE_REQUEST_LOG") or None
+        self.gpu_files: list = []  # stand-in GPU device files held open while the double lives (hold_gpus)
 
     def log_request(self, path: str, request: dict) -> None:
         """One line per generation request (ENGINE_DOUBLE_REQUEST_LOG): what the tests check a client sent."""
@@ -676,6 +686,37 @@ def load_options(flavour: str, argv: list[str]) -> dict[str, object]:
     return options
 
 
+def gpu_minors(driver_proc_dir: str | None, count: int) -> list[int]:
+    """Device minors of GPU indices 0..count-1 (ENGINE_DOUBLE_GPU_DRIVER_PROC_DIR)."""
+    if not driver_proc_dir:
+        return list(range(count))
+    by_bus = {}
+    gpus_dir = os.path.join(driver_proc_dir, "gpus")
+    for entry in os.listdir(gpus_dir):
+        with open(os.path.join(gpus_dir, entry, "information"), encoding="utf-8") as handle:
+            fields = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+        by_bus[entry.lower()] = int(fields["Device Minor"].strip())
+    return [by_bus[bus] for bus in sorted(by_bus)][:count]
+
+
+def hold_gpus(options: dict[str, object]) -> list:
+    """ENGINE_DOUBLE_GPU_DEV_DIR: open this rank's stand-in GPU device files and keep them open (see the docstring)."""
+    dev_dir = os.environ.get("ENGINE_DOUBLE_GPU_DEV_DIR")
+    if not dev_dir:
+        return []
+    world = int(options.get("tp-size") or options.get("tensor-parallel-size") or 1) * int(
+        options.get("pp-size") or options.get("pipeline-parallel-size") or 1)
+    count = max(1, world // int(options.get("nnodes") or 1))
+    minors = gpu_minors(os.environ.get("ENGINE_DOUBLE_GPU_DRIVER_PROC_DIR"), count)
+    if len(minors) < count:
+        raise SystemExit(f"engine-double: {count} GPUs needed, {len(minors)} simulated in {dev_dir}")
+    names = ["nvidiactl", "nvidia-uvm", *(f"nvidia{minor}" for minor in minors)]
+    files = [open(os.path.join(dev_dir, name), "rb") for name in names]  # noqa: SIM115 (held for the process's life)
+    print(f"engine-double: holds simulated GPUs {list(range(count))} (device minors {minors}, stand-in device files "
+          f"in {dev_dir}; NVSIM_MEM_MIB={os.environ.get('NVSIM_MEM_MIB', '')})", flush=True)
+    return files
+
+
 def detect_flavour(argv0: str) -> str:
     explicit = os.environ.get("ENGINE_DOUBLE_FLAVOUR")
     if explicit:
@@ -722,6 +763,7 @@ def main(argv: list[str]) -> int:
         time.sleep(0.3)
         print("engine-double: simulated crash during model load", file=sys.stderr, flush=True)
         return 1
+    engine.gpu_files = hold_gpus(options)
     if engine.fault == "ignore-sigterm":
         signal.signal(signal.SIGTERM, lambda *_: print("engine-double: ignoring SIGTERM", flush=True))
     elif flavour == "sglang" and not int(options.get("node-rank") or 0):
