@@ -202,6 +202,11 @@ def test_the_quick_start_and_sandbox_commands_work_as_written_in_a_scratch_home(
     ], outcomes
     assert "ran in check mode" in outcomes[3][1] and all("ran for real" in o for _, o in outcomes[:3] + outcomes[4:])
     assert re.search(r"speed-?up.{0,80}not measured", output, re.I | re.S), "verify did not report the speed-up"
+    # The first command's deploy checked the sandbox's simulated GPUs and said that they are simulated.
+    first = " ".join(output.split(f"{MARK} 0 start", 1)[-1].split(f"{MARK} 0 rc", 1)[0].split())
+    assert ("8 GPU(s) (NVIDIA RTX PRO 6000 Blackwell Server Edition) with driver 580.105.08 and compute capability "
+            "12.0") in first, first[-4000:]
+    assert "SIMULATED GPUs" in first and "NVIDIA-SMI TEST DOUBLE" in first and "were NOT checked" not in first
     assert re.search(r"^bws-sandbox\s*: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", output, re.M)
     assert f"sandbox {SANDBOX} removed" in output and not container_exists(SANDBOX)
     # The user's sandbox is exactly as it was: same container and boot, same release serving, same engine process.
