@@ -120,4 +120,3 @@ def test_a_foreign_holder_is_refused_by_preflight_and_left_alive_by_teardown(san
     gpu0 = next(g for g in GPU_LINE.findall(out) if g[0] == "0")
     assert gpu0[2:] == ("1 foreign", str(HOLDER_MIB), str(HOLDER_MIB), f"NOT clean (compute apps left: {pid})")
     assert on_host(f"kill -0 {pid} && echo alive") == "alive", "teardown left the foreign holder alive"
-
