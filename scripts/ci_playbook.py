@@ -11,23 +11,31 @@
 - Each run keeps its artifacts in <artifacts>/<ident>/ (--ident, by default the start time, YYYYmmddTHHMMSS):
   it writes <artifacts>/<ident>/summary.json (per host: ok/changed/failed/rescued/skipped/unreachable, elapsed,
   verify report path) and <artifacts>/<ident>/junit.xml (one test case per host), and prints both paths.
-- Secrets stay out of the artifacts: pass them in a vars file (-e @file, never copied). ansible-runner records
-  the environment it runs the playbook with (<artifacts>/<ident>/command), so it gets a minimal one: what
-  Ansible, SSH and podman need (PATH, HOME, locale, TMPDIR, SSH_AUTH_SOCK, XDG_*, ANSIBLE_*, CONTAINERS_*,
-  BWS_*, proxies), HF_TOKEN (the model store's default token), and the variables named with --pass-env or
-  --redact-env; nothing else (CI tokens stay out). As a second line of defence the values of --redact-env
-  variables, HF_TOKEN, proxy URLs and, from the vars files, sglang_api_key, sglang_admin_api_key, vllm_api_key
-  and model_store_hf_token are scrubbed from every artifact file: verbatim, JSON- and repr-escaped and
-  base64-encoded. Extra vars given inline are recorded by ansible-runner.
-- Exit status: 0 when every host succeeded, 1 otherwise, 2 for usage errors.
+- Secrets stay out of the artifacts: pass them in a vars file (-e @file, never copied), plain or
+  vault-encrypted (--vault-password-file / --vault-id, passed on to ansible-playbook), or in the inventory's
+  vault. ansible-runner records the environment it runs the playbook with (<artifacts>/<ident>/command), so it
+  gets a minimal one: what Ansible, SSH and podman need (PATH, HOME, locale, TMPDIR, SSH_AUTH_SOCK, XDG_*,
+  ANSIBLE_*, CONTAINERS_*, BWS_*, proxies), the environment variables the roles' secret options default to
+  (HF_TOKEN), and the variables named with --pass-env or --redact-env; nothing else (CI tokens stay out).
+- As a second line of defence these are scrubbed from every artifact file (verbatim, JSON- and repr-escaped and
+  base64-encoded): the values of --redact-env variables, HF_TOKEN, proxy URLs with a password, the vault
+  passwords, and, from the vars files, the inventory's variables and -e, every vault-encrypted value and the
+  values of the secret variables - every role option marked no_log in roles/*/meta/argument_specs.yml, those
+  named with --secret-var, and the variables their templates name ({{ vault_sglang_api_key }}). Ansible reads
+  the files, decrypting with the run's vault secrets; a file or value it cannot read or decrypt refuses the run
+  (exit 2) naming it, so a secret is never left unscrubbed because it was encrypted.
+- Exit status: 0 when every host succeeded, 1 otherwise, 2 for usage errors and refused runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,8 +43,10 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 STAT_KEYS = ("ok", "changed", "failures", "rescued", "skipped", "dark", "ignored")
@@ -57,6 +67,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="environment variable passed to the playbook whose value is scrubbed from the artifacts")
     parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
                         help="environment variable passed to the playbook (not a secret: it is kept in the artifacts)")
+    parser.add_argument("--secret-var", action="append", default=[], metavar="NAME",
+                        help="variable whose value is scrubbed from the artifacts, besides the roles' no_log options")
+    parser.add_argument("--vault-password-file", action="append", default=[], metavar="FILE",
+                        help="vault password file, passed to ansible-playbook and used to read the vaulted secrets")
+    parser.add_argument("--vault-id", action="append", default=[], metavar="ID",
+                        help="vault identity (label@file), passed to ansible-playbook and used like the above")
     parser.add_argument("--ident", default=None, help="artifact sub-directory name (default: timestamp)")
     return parser.parse_args(argv)
 
@@ -163,33 +179,294 @@ def write_junit(path: Path, playbook: str, summary: dict[str, dict]) -> None:
 PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_", "TZ", "TMPDIR", "TERM",
               "SSH_AUTH_SOCK", "KRB5CCNAME", "VIRTUAL_ENV", "XDG_", "ANSIBLE_", "CONTAINERS_", "BWS_")
 PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
-SECRET_ENV = ("HF_TOKEN",)  # model_store_hf_token's default (roles/model_store)
-SECRET_VARS = ("sglang_api_key", "sglang_admin_api_key", "vllm_api_key", "model_store_hf_token")
 
 
-def runner_environment(environ: dict[str, str], pass_env: list[str], redact_env: list[str]) -> dict[str, str]:
-    """The controller's environment cut to what the playbook needs (see PASSED_ENV) and what was named."""
-    named = set(pass_env) | set(redact_env) | set(SECRET_ENV) | set(PROXY_ENV)
+def runner_environment(environ: dict[str, str], pass_env: list[str], redact_env: list[str],
+                       secret_env: tuple[str, ...] | None = None) -> dict[str, str]:
+    """The controller's environment cut to what the playbook needs (see PASSED_ENV), the environment variables the
+    roles' secret options default to (``secret_env``, by default from role_secrets()) and what was named."""
+    secret_env = role_secrets().env if secret_env is None else secret_env
+    named = set(pass_env) | set(redact_env) | set(secret_env) | set(PROXY_ENV)
     return {name: value for name, value in environ.items()
             if name in named or any(name == kept or (kept.endswith("_") and name.startswith(kept))
                                     for kept in PASSED_ENV)}
 
 
-def secrets_in_vars_files(paths: list[str]) -> list[str]:
-    """The values of SECRET_VARS in plain YAML vars files (an encrypted or unreadable file gives none)."""
+# --- what the artifacts must not hold --------------------------------------------------------------------------------
+
+# lookup('ansible.builtin.env', 'HF_TOKEN') in an option's default: the environment variable it reads.
+ENV_LOOKUP = re.compile(r"""lookup\(\s*['"](?:ansible\.builtin\.)?env['"]\s*,\s*['"]([A-Za-z_]\w*)['"]""")
+TEMPLATE = re.compile(r"{{(.*?)}}|{%(.*?)%}", re.S)
+# A name in a template expression: not an attribute (.x) and not the start of a quoted string.
+TEMPLATE_NAME = re.compile(r"""(?<![\w.'"])[A-Za-z_]\w*""")
+
+
+class RefusedError(Exception):
+    """Something that may hold a secret cannot be read: the run is refused rather than left unscrubbed."""
+
+
+class RoleSecrets(NamedTuple):
+    """The roles' secret options (no_log in their argument specs) and the environment variables they default to."""
+
+    names: frozenset[str]
+    env: tuple[str, ...]
+
+
+def holds_secret(option: object) -> bool:
+    """An argument-spec option marked no_log, itself or in one of its suboptions."""
+    if not isinstance(option, dict):
+        return False
+    return bool(option.get("no_log")) or any(holds_secret(sub) for sub in (option.get("options") or {}).values())
+
+
+@functools.cache
+def role_secrets(roles: Path = REPO / "roles") -> RoleSecrets:
+    """Every role variable marked no_log in roles/*/meta/argument_specs.yml, and the environment variables their
+    defaults read (model_store_hf_token: HF_TOKEN). There is no list of them here to fall behind the roles."""
+    import yaml
+
+    names: set[str] = set()
+    env: set[str] = set()
+    for path in sorted(roles.glob("*/meta/argument_specs.yml")):
+        specs = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("argument_specs") or {}
+        for entry in specs.values():
+            for name, option in ((entry or {}).get("options") or {}).items():
+                if holds_secret(option):
+                    names.add(name)
+                    env.update(ENV_LOOKUP.findall(str(option.get("default", ""))))
+    return RoleSecrets(frozenset(names), tuple(sorted(env)))
+
+
+class Vault(NamedTuple):
+    """Ansible's loader and vault with the run's vault secrets: what ansible-playbook will read, read the same way."""
+
+    loader: Any
+    lib: Any
+    passwords: list[str]
+
+
+def _naming_loader() -> Any:
+    from ansible.parsing.dataloader import DataLoader
+
+    class NamingLoader(DataLoader):
+        """Remembers the file it could not read: Ansible's vault errors do not name it."""
+
+        unreadable: str | None = None
+
+        def load_from_file(self, file_name: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().load_from_file(file_name, *args, **kwargs)
+            except Exception:
+                self.unreadable = str(file_name)
+                raise
+
+    return NamingLoader()
+
+
+def open_vault(vault_ids: list[str], password_files: list[str]) -> Vault:
+    """The vault secrets as ansible-playbook sets them up: the configured identities, then --vault-id and
+    --vault-password-file (and ANSIBLE_VAULT_PASSWORD_FILE); never a prompt."""
+    from ansible import constants
+    from ansible.cli import CLI
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import VaultLib, VaultSecretsContext
+
+    loader = _naming_loader()
     try:
-        import yaml
-    except ImportError:
-        return []
-    found = []
-    for path in paths:
+        secrets = CLI.setup_vault_secrets(loader, [*constants.DEFAULT_VAULT_IDENTITY_LIST, *vault_ids],
+                                          list(password_files), ask_vault_pass=False, auto_prompt=False,
+                                          initialize_context=False)
+    except AnsibleError as exc:
+        raise RefusedError(f"cannot read the vault password: {exc}") from exc
+    loader.set_vault_secrets(secrets)
+    if VaultSecretsContext.current(optional=True) is None:
+        VaultSecretsContext.initialize(VaultSecretsContext(secrets))
+    return Vault(loader, VaultLib(secrets), [secret.bytes.decode(errors="replace") for _, secret in secrets])
+
+
+def cannot_read(path: object, exc: Exception, vault: Vault) -> RefusedError:
+    """Refuse the run naming what could not be read, and why."""
+    from ansible.parsing.vault import AnsibleVaultError
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, AnsibleVaultError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        why = f"cannot be read ({exc})"
+    elif vault.passwords:
+        why = f"is vault-encrypted and none of the vault passwords given decrypts it ({exc})"
+    else:
+        why = "is vault-encrypted and no vault password was given (--vault-password-file, --vault-id)"
+    return RefusedError(f"{path} {why}: the secrets in it could not be scrubbed from the artifacts")
+
+
+def read_vars_file(path: str, vault: Vault) -> dict[str, Any]:
+    """A vars file as ansible-playbook reads ``-e @file``: YAML or JSON, whole-file or inline vault decrypted."""
+    from ansible.errors import AnsibleError
+
+    try:
+        data = vault.loader.load_from_file(str(Path(path).resolve()))
+    except AnsibleError as exc:
+        raise cannot_read(path, exc, vault) from exc
+    return dict(data) if isinstance(data, Mapping) else {}
+
+
+class Inventory(NamedTuple):
+    hosts: dict[str, dict[str, Any]]  # host -> its inventory variables (group_vars, host_vars), not templated
+    ansible_names: frozenset[str]  # Ansible's own variables: reserved and magic names
+
+
+def inventory_variables(inventory: Path, limit: str | None, vault: Vault) -> Inventory:
+    """The variables of the run's hosts, as ansible-playbook reads them."""
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.vars.manager import VariableManager
+    from ansible.vars.reserved import get_reserved_names
+
+    try:
+        inventory_manager = InventoryManager(loader=vault.loader, sources=[str(inventory)])
+        if limit:
+            inventory_manager.subset(limit)
+        manager = VariableManager(loader=vault.loader, inventory=inventory_manager)
+        hosts = inventory_manager.get_hosts()
+        variables = {host.name: dict(manager.get_vars(host=host, include_hostvars=False)) for host in hosts}
+    except AnsibleError as exc:
+        raise cannot_read(vault.loader.unreadable or inventory, exc, vault) from exc
+    magic = set(manager.get_vars(include_hostvars=False)).union(*(host.get_magic_vars() for host in hosts))
+    return Inventory(variables, frozenset(magic | set(get_reserved_names())))
+
+
+def users_variable(name: str, ansible_names: frozenset[str]) -> bool:
+    """Not one of Ansible's own variables (inventory_hostname, groups, ansible_host ...): a template that uses one
+    of those names no secret of the user's."""
+    return name not in ansible_names and not name.startswith(("ansible_", "inventory_"))
+
+
+def leaves(value: object) -> Iterator[object]:
+    """The scalars of a value, through dicts and lists."""
+    if isinstance(value, Mapping):
+        for item in value.values():
+            yield from leaves(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from leaves(item)
+    else:
+        yield value
+
+
+def plaintext(value: object, vault: Vault, source: str) -> str | None:
+    """A scalar as text (an inline-vaulted one decrypted); None for what holds no secret text."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import EncryptedString, Origin, VaultHelper
+
+    if isinstance(value, EncryptedString):
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return vault.lib.decrypt(VaultHelper.get_ciphertext(value, with_tags=False)).decode()
+        except AnsibleError as exc:
+            origin = Origin.get_tag(value)
+            raise cannot_read(origin.path if origin and origin.path else source, exc, vault) from exc
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    return str(value) or None
+
+
+def vaulted_values(variables: Mapping[str, Any], vault: Vault, source: str) -> list[str]:
+    """Every inline-vaulted value (``!vault``): the user marked it secret, whatever its name."""
+    from ansible.parsing.vault import EncryptedString
+
+    return [text for leaf in leaves(variables) if isinstance(leaf, EncryptedString)
+            and (text := plaintext(leaf, vault, source))]
+
+
+def secret_values(variables: Mapping[str, Any], names: frozenset[str], vault: Vault, source: str,
+                  ansible_names: frozenset[str]) -> list[str]:
+    """The values of the secret-named variables, and of the variables their templates name, transitively: a key kept
+    as ``sglang_api_key: "{{ vault_sglang_api_key }}"`` beside a vaulted ``vault_sglang_api_key``."""
+    found: list[str] = []
+    pending, seen = sorted(names & set(variables)), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
             continue
-        if isinstance(data, dict):
-            found += [str(data[name]) for name in SECRET_VARS if isinstance(data.get(name), str | int) and data[name]]
+        seen.add(name)
+        for leaf in leaves(variables[name]):
+            text = plaintext(leaf, vault, source)
+            if text:
+                found.append(text)
+                pending += [ref for ref in template_names(text)
+                            if ref in variables and users_variable(ref, ansible_names)]
     return found
+
+
+def template_names(text: str) -> set[str]:
+    """The names a template in ``text`` uses ({{ vault_key }}, {{ a | default(b) }}: a, default, b)."""
+    return {name for match in TEMPLATE.finditer(text) for name in TEMPLATE_NAME.findall("".join(match.groups("")))}
+
+
+def variable_secrets(extra: list[tuple[str, Mapping[str, Any]]], inventory: Inventory, names: frozenset[str],
+                     vault: Vault) -> list[str]:
+    """Secrets of each vars file and -e on its own, and of each host's inventory variables with the extra vars over
+    them (a template in one may name a variable of the other)."""
+    found: list[str] = []
+    for source, variables in extra:
+        found += vaulted_values(variables, vault, source)
+        found += secret_values(variables, names, vault, source, inventory.ansible_names)
+    over = {name: value for _, variables in extra for name, value in variables.items()}
+    for host, variables in inventory.hosts.items():
+        source = f"the inventory's variables of {host}"
+        found += vaulted_values(variables, vault, source)
+        found += secret_values({**variables, **over}, names, vault, source, inventory.ansible_names)
+    return found
+
+
+def run_secrets(args: argparse.Namespace, environment: dict[str, str]) -> list[str]:
+    """Every value this run's artifacts must not hold (see the docstring); RefusedError when one cannot be read."""
+    roles = role_secrets()
+    secrets = [environment[name] for name in (*args.redact_env, *roles.env) if environment.get(name)]
+    secrets += [environment[name] for name in PROXY_ENV if "@" in environment.get(name, "")]  # user:password@
+    vault = open_vault(args.vault_id, args.vault_password_file)
+    extra = [(path, read_vars_file(path, vault)) for path in args.extra_vars_file]
+    extra.append(("-e", extravars_from(args.extra_var)))
+    inventory = inventory_variables((REPO / args.inventory).resolve(), args.limit, vault)
+    names = roles.names | frozenset(args.secret_var)
+    return secrets + vault.passwords + variable_secrets(extra, inventory, names, vault)
+
+
+@contextlib.contextmanager
+def environment_of(environment: dict[str, str]) -> Iterator[None]:
+    """os.environ replaced by ``environment`` while in the block."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environment)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def playbook_options(args: argparse.Namespace, reports: Path) -> list[str]:
+    """ansible-playbook's options besides inventory, limit and inline extra vars."""
+    # The verify reports go with the run's artifacts. An extra variable (it outranks the inventory's) given first, so
+    # that a vars file or an inline -e verify_report_dir, both read after it, choose another place.
+    options = ["-e " + shlex.quote(json.dumps({"verify_report_dir": str(reports)})),
+               *(f"-e @{Path(f).resolve()}" for f in args.extra_vars_file)]
+    if args.check:
+        options.append("--check --diff")
+    if args.skip_tags:
+        options.append(f"--skip-tags {args.skip_tags}")
+    return options + vault_options(args)
+
+
+def vault_options(args: argparse.Namespace) -> list[str]:
+    """--vault-id and --vault-password-file for ansible-playbook, their files as absolute paths."""
+    ids = []
+    for vault_id in args.vault_id:
+        label, sep, source = vault_id.rpartition("@")
+        if source not in ("prompt", "prompt_ask_vault_pass"):
+            source = str(Path(source).resolve())
+        ids.append(f"--vault-id {shlex.quote(label + sep + source)}")
+    return ids + [f"--vault-password-file {shlex.quote(str(Path(f).resolve()))}" for f in args.vault_password_file]
 
 
 def _secret_forms():
@@ -234,38 +511,30 @@ def main(argv: list[str]) -> int:
     artifacts = Path(args.artifacts).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     ident = args.ident or datetime.now().strftime("%Y%m%dT%H%M%S")
-    # The verify reports go with the run's artifacts. An extra variable (it outranks the inventory's) given first, so
-    # that a vars file or an inline -e verify_report_dir, both read after it, choose another place.
-    reports = {"verify_report_dir": str(artifacts / ident / "reports")}
-    cmdline = ["-e " + shlex.quote(json.dumps(reports)), *(f"-e @{Path(f).resolve()}" for f in args.extra_vars_file)]
-    if args.check:
-        cmdline.append("--check --diff")
-    if args.skip_tags:
-        cmdline.append(f"--skip-tags {args.skip_tags}")
+    cmdline = playbook_options(args, artifacts / ident / "reports")
     environment = runner_environment(dict(os.environ), args.pass_env, args.redact_env)
-    secrets = [environment[name] for name in (*args.redact_env, *SECRET_ENV) if environment.get(name)]
-    secrets += [environment[name] for name in PROXY_ENV if "@" in environment.get(name, "")]  # user:password@
-    secrets += secrets_in_vars_files(args.extra_vars_file)
+    try:  # read as ansible-playbook will read them: its environment and this repository's ansible.cfg
+        with environment_of({**environment, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}):
+            secrets = run_secrets(args, environment)
+    except RefusedError as exc:
+        print(f"refused, nothing was run: {exc}", file=sys.stderr)
+        return 2
     private = Path(tempfile.mkdtemp(prefix="ci-playbook-"))
     started = time.time()
     # ansible-runner starts from os.environ and writes what it passes into the artifacts: give it only that.
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(environment)
     try:
-        runner = ansible_runner.run(
-            private_data_dir=str(private), project_dir=str(REPO), playbook=args.playbook,
-            inventory=str((REPO / args.inventory).resolve()), limit=args.limit,
-            extravars=extravars_from(args.extra_var), cmdline=" ".join(cmdline) or None,
-            artifact_dir=str(artifacts), ident=ident, suppress_env_files=True, quiet=True,
-            # ansible-playbook must be on PATH: take the one beside this interpreter first.
-            envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])},
-            event_handler=print_progress,
-        )
+        with environment_of(environment):
+            runner = ansible_runner.run(
+                private_data_dir=str(private), project_dir=str(REPO), playbook=args.playbook,
+                inventory=str((REPO / args.inventory).resolve()), limit=args.limit,
+                extravars=extravars_from(args.extra_var), cmdline=" ".join(cmdline) or None,
+                artifact_dir=str(artifacts), ident=ident, suppress_env_files=True, quiet=True,
+                # ansible-playbook must be on PATH: take the one beside this interpreter first.
+                envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+                         "PATH": os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])},
+                event_handler=print_progress,
+            )
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
         shutil.rmtree(private, ignore_errors=True)
     run_dir = artifacts / ident
     hosts = host_summaries(runner)

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ci_playbook.py"
 spec = importlib.util.spec_from_file_location("ci_playbook", SCRIPT)
@@ -54,6 +57,7 @@ def test_help_works_with_any_python3():
     shown = run_outside_the_venv("--help")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("usage: ci_playbook.py") and "--redact-env NAME" in shown.stdout
+    assert "--secret-var NAME" in shown.stdout and "--vault-password-file FILE" in shown.stdout
 
 
 def test_a_run_without_ansible_runner_says_how_to_get_it_not_a_traceback():
@@ -81,13 +85,68 @@ def test_the_runner_gets_only_what_the_playbook_needs_and_what_was_named():
         "BWS_CACHE_DIR", "HF_TOKEN", "https_proxy", "MY_KEY", "SITE")}
 
 
-def test_api_keys_and_the_hub_token_of_a_vars_file_are_scrubbed(tmp_path):
+# --- which values are secrets (whole runs, with vault-encrypted files: tests/integration/test_ci_playbook_secrets.py)
+
+
+def test_the_secret_variables_are_the_roles_no_log_options_not_a_list_of_its_own():
+    secrets = ci_playbook.role_secrets()
+    assert {"sglang_api_key", "sglang_admin_api_key", "vllm_api_key", "model_store_hf_token"} <= secrets.names
+    assert secrets.env == ("HF_TOKEN",), "model_store_hf_token's default reads HF_TOKEN"
+    assert not [name for name in vars(ci_playbook) if name.startswith("SECRET_")]
+
+
+def test_a_no_log_option_its_suboptions_and_the_environment_its_default_reads(tmp_path):
+    (tmp_path / "a" / "meta").mkdir(parents=True)
+    (tmp_path / "a" / "meta" / "argument_specs.yml").write_text(yaml.safe_dump({"argument_specs": {
+        "main": {"options": {
+            "a_token": {"type": "str", "no_log": True, "default": "{{ lookup('ansible.builtin.env', 'A_TOKEN') }}"},
+            "a_plain": {"type": "str", "default": "{{ lookup('env', 'NOT_SECRET') }}"},
+            "a_remote": {"type": "dict", "options": {"url": {"type": "str"}, "password": {"no_log": True}}},
+        }},
+        "other": {"options": {"a_other_key": {"type": "str", "no_log": True}}},
+    }}))
+    assert ci_playbook.role_secrets(tmp_path) == ci_playbook.RoleSecrets(
+        frozenset({"a_token", "a_remote", "a_other_key"}), ("A_TOKEN",))
+
+
+def plain_vault():
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.parsing.vault import VaultLib
+
+    return ci_playbook.Vault(DataLoader(), VaultLib([]), [])
+
+
+def test_a_secret_kept_in_another_variable_is_found_through_the_template_that_names_it():
+    variables = {"sglang_api_key": "{{ vault_key | default(fallback) }}", "vault_key": "sk-vaulted",
+                 "fallback": "{{ deeper }}", "deeper": "sk-deeper", "unrelated": "x",
+                 "verify_api_key": "{{ lookup('file', '/keys/' ~ inventory_hostname) }}", "inventory_hostname": "gpu1",
+                 "nested": {"list": ["sk-in-a-list", 7, True]}, "empty": ""}
+    names = frozenset({"sglang_api_key", "verify_api_key", "nested", "empty", "absent"})
+    found = ci_playbook.secret_values(variables, names, plain_vault(), "test", frozenset({"lookup", "default"}))
+    assert sorted(found) == sorted(["{{ vault_key | default(fallback) }}", "sk-vaulted", "{{ deeper }}", "sk-deeper",
+                                    "{{ lookup('file', '/keys/' ~ inventory_hostname) }}", "sk-in-a-list", "7"])
+    # more names than variables (a keyword, a quoted word) do no harm: only names of variables are followed
+    assert ci_playbook.template_names("a {{ x.y | f(z, 'q w') }} {% if k %}") == {"x", "f", "z", "w", "if", "k"}
+
+
+def test_a_vars_file_is_read_as_ansible_reads_it_and_one_that_cannot_be_read_refuses_the_run(tmp_path):
     plain = tmp_path / "secrets.yml"
     plain.write_text("sglang_api_key: sk-one\nvllm_api_key: ''\nmodel_store_hf_token: hf_two\nother: x\n")
-    vaulted = tmp_path / "vault.yml"
-    vaulted.write_text("$ANSIBLE_VAULT;1.1;AES256\n6162\n")
-    assert ci_playbook.secrets_in_vars_files([str(plain), str(vaulted), str(tmp_path / "missing.yml")]) == [
-        "sk-one", "hf_two"]
+    vault = plain_vault()
+    variables = ci_playbook.read_vars_file(str(plain), vault)
+    assert ci_playbook.variable_secrets([(str(plain), variables)], ci_playbook.Inventory({}, frozenset()),
+                                        ci_playbook.role_secrets().names, vault) == ["sk-one", "hf_two"]
+    missing = tmp_path / "missing.yml"
+    with pytest.raises(ci_playbook.RefusedError, match=f"^{missing} cannot be read"):
+        ci_playbook.read_vars_file(str(missing), vault)
+
+
+def test_vault_files_are_passed_on_as_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ci_playbook.parse_args(["verify.yml", "--vault-id", "prod@pw.txt", "--vault-id", "dev@prompt",
+                                   "--vault-password-file", "other.txt"])
+    assert ci_playbook.vault_options(args) == [f"--vault-id prod@{tmp_path}/pw.txt", "--vault-id dev@prompt",
+                                               f"--vault-password-file {tmp_path}/other.txt"]
 
 
 def test_redaction_covers_every_form_a_secret_takes(tmp_path):
