@@ -19,7 +19,11 @@ description:
     that changes nothing then costs one round trip here instead of one per file.
   - A release that did not exist before and whose file a validator refuses is removed again, so no half release is
     left behind. Secret files (I(secret_files)) are never shown in a diff or in the task's output.
-  - Supports check mode (nothing is written; C(changed) and the diff say what would be) and diff mode.
+  - Supports check mode (nothing is written; C(changed) and the diff say what would be) and diff mode. In diff
+    mode, when C(state.json) names another release as current, each file of this release is compared with the same
+    file of that serving release (a new release directory would otherwise show whole new files): secret files
+    too, with the value of every key-like setting masked (I(masked_names), and any name with key, token, secret or
+    password in it), so a changed flag shows and no key does.
 options:
   state_dir:
     description: Directory of the host's release state (C(state.json), C(releases/)).
@@ -162,6 +166,14 @@ options:
     type: list
     elements: path
     default: []
+  masked_names:
+    description:
+      - Setting names whose values are masked when secret files are compared with the serving release (diff mode),
+        such as the engines' key flags; C(_) and C(-) alike, matched as the whole name or its suffix
+        (C(VLLM_API_KEY) ends in C(api-key)).
+    type: list
+    elements: str
+    default: []
 notes:
   - Standard library only. Runs as root (it sets owners).
 author: the blackwell-llm-serving authors (!UNKNOWN)
@@ -222,6 +234,10 @@ systemd:
   description: Whether systemd is this host's service manager.
   type: bool
   returned: always
+serving_release:
+  description: The release C(state.json) names as current if not this one (the diff compares with it), or null.
+  type: str
+  returned: always
 checksums:
   description: sha256 per path of I(checksum_paths).
   type: dict
@@ -242,6 +258,11 @@ from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd imp
     show_units,
     systemctl_here,
 )
+from ansible_collections.blackwell.serving.plugins.module_utils.release.compare import (
+    ReleaseFile,
+    compare_with_serving,
+    serving_release_id,
+)
 from ansible_collections.blackwell.serving.plugins.module_utils.release.files import (
     ReleaseFilesError,
     Wanted,
@@ -261,6 +282,7 @@ FILE_OPTIONS = {
     "mode": {"type": "str", "default": "0640"},
     "validate": {"type": "str", "default": ""},
 }
+SECRET_FILE_OPTIONS = {**FILE_OPTIONS, "content": {**FILE_OPTIONS["content"], "no_log": True}}
 
 
 def _plain(part: str) -> bool:
@@ -329,7 +351,9 @@ def main() -> None:
                 "shell": {"type": "path", "default": "/usr/sbin/nologin"},
             }},
             "files": {**dict_list, "options": FILE_OPTIONS},
-            "secret_files": {**dict_list, "options": FILE_OPTIONS, "no_log": True},
+            # Only the content is secret: with the whole list no_log, Ansible would mask every file name (config.yaml)
+            # wherever it occurs in the result, the diff's headers too.
+            "secret_files": {**dict_list, "options": SECRET_FILE_OPTIONS, "no_log": False},
             "host_files": {**dict_list, "options": {
                 "path": {"type": "path", "required": True},
                 "content": {"type": "str", "required": True},
@@ -348,6 +372,7 @@ def main() -> None:
             "units": {"type": "list", "elements": "str", "default": []},
             "checksum_paths": {"type": "list", "elements": "path", "default": []},
             "check_paths": {"type": "list", "elements": "path", "default": []},
+            "masked_names": {"type": "list", "elements": "str", "default": [], "no_log": False},
         },
         supports_check_mode=True,
     )
@@ -369,6 +394,8 @@ def main() -> None:
                 shutil.rmtree(release_dir, ignore_errors=True)
             raise
         systemd, units = read_units(params["units"])
+        state = read_json(os.path.join(params["state_dir"], "state.json"))
+        serving = serving_release_id(state, params["release_id"])
         result = {
             "changed": bool(outcome.changed_paths or accounts),
             "accounts": accounts,
@@ -376,7 +403,8 @@ def main() -> None:
             "release_dir": release_dir,
             "release_existed": release_existed,
             "changed_paths": outcome.changed_paths,
-            "state": read_json(os.path.join(params["state_dir"], "state.json")),
+            "state": state,
+            "serving_release": serving,
             "systemd": systemd,
             "units": units,
             "checksums": {path: sha256_of(path) for path in params["checksum_paths"]},
@@ -385,8 +413,20 @@ def main() -> None:
     except (ReleaseFilesError, SystemdError, OSError) as exc:
         module.fail_json(msg=str(exc), release_dir=release_dir, release_existed=release_existed)
     if module._diff:
-        result["diff"] = outcome.diff
+        result["diff"] = release_diff(params, outcome.diff, release_dir, serving)
     module.exit_json(**result)
+
+
+def release_diff(params: dict, written: list[dict], release_dir: str, serving: str | None) -> list[dict]:
+    """The diff of what was (would be) written; the release's own files compared with the serving release's
+    instead of with nothing, when one serves."""
+    if serving is None:
+        return written
+    files = ([ReleaseFile(e["name"], e["content"], True) for e in params["secret_files"]]
+             + [ReleaseFile(e["name"], e["content"], False) for e in params["files"]])
+    outside = [d for d in written if not d["after_header"].startswith(release_dir + os.sep)]
+    return outside + compare_with_serving(params["state_dir"], serving, params["release_id"], files,
+                                          params["masked_names"])
 
 
 if __name__ == "__main__":

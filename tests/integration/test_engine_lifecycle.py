@@ -195,7 +195,7 @@ def test_an_address_other_than_loopback_without_a_key_is_refused_before_any_chan
                             extravars={"sglang_listen_address": "0.0.0.0", "sglang_api_key": ""})
     runs.append(run)
     assert run.rc != 0
-    assert "sglang_listen_address is 0.0.0.0 but sglang_api_key is empty" in " ".join(run.stdout.split())
+    assert "SGLang would bind 0.0.0.0 but sglang_api_key is empty" in " ".join(run.stdout.split())
     assert not [task for task in run.tasks_started if task.startswith(("python_env :", "engine_service :"))]
     assert main_pid(host) == pid and host.health() == 200
 
@@ -206,6 +206,32 @@ def test_check_diff_on_the_serving_sglang_host_changes_nothing(host, runs):
     runs.append(run)
     assert_check_mode_changes_nothing(run)
     assert main_pid(host) == pid
+
+
+def test_check_diff_of_a_changed_profile_value_shows_the_line_and_the_switch_and_no_key(host, runs):
+    """--check --diff with one flag changed: the engine config's changed line against the serving release, keys
+    masked; which unit would stop and which would start; no key anywhere in the output or the runner's artifacts."""
+    pid = main_pid(host)
+    serving = host.state()["current"]
+    admin_key = host.sh(f"sed -n 's/^admin-api-key: //p' /var/lib/llm-serving/releases/{serving}/config.yaml")
+    assert len(admin_key) > 8  # the host made one (the JSON-quoted value)
+    profiles = build_profiles()
+    profiles["sandbox-tiny-eagle3"]["sglang_options"] = {
+        **profiles["sandbox-tiny-eagle3"]["sglang_options"], "mem-fraction-static": 0.8}
+    run = host.run_playbook("playbooks/deploy_sglang.yml", check=True, extravars={"engine_profiles": profiles})
+    runs.append(run)
+    assert run.rc == 0, run.stdout[-3000:]
+    out = run.stdout
+    assert f"--- before: /var/lib/llm-serving/releases/{serving}/config.yaml (serving)" in out, out[-4000:]
+    assert "+mem-fraction-static: 0.8" in out, out[-4000:]
+    switch = " ".join(out.split())
+    assert re.search(rf"Check mode, nothing is changed: the deploy would switch {host.name}: stop sglang\.service; "
+                     rf"start sglang\.service from release sglang-\w+ \(current in state\.json: {serving}\)", switch)
+    for secret in (API_KEY, admin_key.strip('"')):
+        assert secret not in out
+        for artifact in Path(run.artifact_dir).rglob("*"):
+            assert not artifact.is_file() or secret not in artifact.read_text(errors="replace"), artifact
+    assert main_pid(host) == pid and host.state()["current"] == serving
 
 
 def test_deploy_vllm_replaces_sglang(host, runs):
