@@ -424,6 +424,12 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=f"1 input error(s), nothing was changed:\n{exc}")
             return result
         errors = placeholder_host(str(task_vars.get("inventory_hostname", "")), task_vars.get("inventory_file"))
+        if errors:
+            # The one point: an inventory of one's own. What else the example's settings lack (the profiles'
+            # revisions, say) is found when the play runs against it.
+            result.update(failed=True, msg=f"1 input error, nothing was changed:\n{errors[0]}")
+            return result
+
         try:
             inputs = load_engine_inputs(roster, self._engine_versions(roster, task_vars))
         except GuardFileError as exc:

@@ -122,6 +122,8 @@ def test_the_unedited_example_inventory_stops_at_once_naming_it_and_how_to_point
     example = REPO / "inventory" / "production" / "hosts.yml"
     assert (f"gpu01.example.internal is a placeholder of the example inventory ({example}, the default of "
             "ansible.cfg): run with -i") in text, text[-2000:]
+    # That is the one error said: the example's profiles (revisions not pinned) are not the point here.
+    assert "1 input error, nothing was changed:" in text and "revision" not in text, text[-2000:]
     assert "Could not resolve hostname" not in text and "UNREACHABLE" not in text, text[-2000:]
     tasks = result.tasks_started
     assert tasks[-1] == "input_check : Inputs | refuse unknown and mistyped variables and invalid model profiles"
