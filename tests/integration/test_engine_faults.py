@@ -143,6 +143,10 @@ def test_after_a_rollback_the_state_names_current_and_previous_as_before(host, r
     assert run.status == "failed"
     assert "auto-restart" in run.stdout or "unit is failed" in run.stdout, run.stdout[-3000:]
     assert f"Rolled back: {before['current']} is serving again" in " ".join(run.stdout.split())
+    # The play's last message holds the journal's end, where the reason is.
+    final = run.stdout[run.stdout.rindex("Rolled back:"):]
+    assert "The journal of the failed release ended with:" in final, final[:3000]
+    assert "engine-double: simulated crash during model load" in final, final[:3000]
     after = host.state()
     assert after["previous"] is not None and after["previous"].startswith("vllm-")
     assert {k: after[k] for k in ("current", "previous", "status")} == {
