@@ -21,7 +21,7 @@ description:
     left behind. Secret files (I(secret_files)) are never shown in a diff or in the task's output.
   - Supports check mode (nothing is written; C(changed) and the diff say what would be) and diff mode. In diff
     mode, when C(state.json) names another release as current, each file of this release is compared with the same
-    file of that serving release (a new release directory would otherwise show whole new files): secret files
+    file of that serving release (a new release directory would otherwise show whole new files), secret files
     too, with the value of every key-like setting masked (I(masked_names), and any name with key, token, secret or
     password in it), so a changed flag shows and no key does.
 options:
