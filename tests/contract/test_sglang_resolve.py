@@ -14,6 +14,15 @@ SGLang's own message with exit 2; the control config, one key different (the rol
 
 `--device cuda` is given to both: on the GPU host SGLang detects CUDA itself; here it finds no accelerator
 (`get_device()` raises) before any hook runs, so the test states the device the host would have.
+
+The drafter's context (the check's step 5): resolution passes a drafter whose context is shorter than the profile's
+`context_length`, and SGLang refuses it only in its scheduler, after the switch (the draft worker's ModelConfig,
+`_derive_context_length`). The check builds that ModelConfig and calls SGLang's own function: the drafters of
+tests/fixtures/eagle3-drafters/ (32768 tokens, plain or with a YaRN factor that SGLang does not apply) are refused
+naming both lengths and the two ways out; the same drafter passes with the profile's context_length lowered to its
+own, or with SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in the environment (the role's
+sglang_allow_longer_draft_context), then with a warning; a drafter as long as the target (the control) or longer
+(DeepSeek-V3's YaRN keys) passes.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
-from sglang_helpers import CHECK_SCRIPT, MODELS_FILE, pinned_sglang_lock, run_json_in_venv
+from sglang_helpers import CHECK_SCRIPT, MODELS_FILE, REPO_ROOT, pinned_sglang_lock, run_json_in_venv
 from sglang_render import render_config
 from sglang_resolve import resolve_path
 
@@ -33,6 +42,8 @@ pytestmark = pytest.mark.contract
 PROFILES: dict[str, dict[str, Any]] = yaml.safe_load(MODELS_FILE.read_text(encoding="utf-8"))["engine_profiles"]
 SPEC_PROFILE = next(name for name, p in PROFILES.items() if p.get("speculative"))
 FLEX_MESSAGE = "AssertionError: Speculative decoding is currently not supported with Flex Attention backend"
+DRAFTERS = REPO_ROOT / "tests" / "fixtures" / "eagle3-drafters"
+OPT_IN = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 # DeepSeek-V3's config.json keys (MLA: kv_lora_rank, q_lora_rank, qk_*_head_dim; MoE: n_routed_experts, ...),
 # sizes shrunk. Kimi-K2.5's text model is this architecture.
@@ -54,18 +65,25 @@ TINY_EAGLE3_DRAFTER = {
 }
 
 # In the venv: the stubs and packages first on the path, the stub shim, then check_sglang_args.main() per case, with and
-# without --resolve; its output captured. Results as JSON to argv[1].
+# without --resolve, with the case's environment variables set (argv[5]); its output captured. Results as JSON to
+# argv[1].
 BATCH_CODE = r"""
-import contextlib, io, json, sys
+import contextlib, io, json, os, sys
 sys.path[0:0] = json.loads(sys.argv[2])
 import bws_resolve_shim  # noqa: F401
 sys.path.insert(0, sys.argv[3])
 import check_sglang_args
-results = {}
+results, environments = {}, json.loads(sys.argv[5])
 for case, argv in json.loads(sys.argv[4]).items():
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = check_sglang_args.main(argv)
+    saved = dict(os.environ)
+    os.environ.update(environments.get(case, {}))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = check_sglang_args.main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     results[case] = {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()}
 with open(sys.argv[1], "w") as handle:
     json.dump(results, handle)
@@ -87,28 +105,47 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         options = {"sglang_extra_options": {"attention-backend": backend}} if backend else {}
         configs[name] = directory / f"{name}.yaml"
         configs[name].write_text(render_config(profile, {"sglang_api_key": "", **options}), encoding="utf-8")
+    # The control profile with another drafter (and context_length), one config each.
+    for name, fixture, context in (("short", "short-constructed", None), ("yarn", "yarn-factor-constructed", None),
+                                   ("longer", "deepseek-yarn-constructed", None),
+                                   ("short-smaller-context", "short-constructed", 32768)):
+        variant = json.loads(json.dumps(profile))
+        variant["drafter"]["path"] = str(DRAFTERS / fixture)
+        variant["context_length"] = context or variant["context_length"]
+        configs[name] = directory / f"{name}.yaml"
+        configs[name].write_text(render_config(variant, {"sglang_api_key": ""}), encoding="utf-8")
     host_device = ["--device", "cuda"]
     cases = {
         "control-resolved": ["--resolve", str(configs["control"]), *host_device],
         "flex-resolved": ["--resolve", str(configs["flex"]), *host_device],
         "flex-parsed-only": [str(configs["flex"]), *host_device],
+        **{f"{name}-drafter": ["--resolve", str(configs[name]), *host_device]
+           for name in ("short", "yarn", "longer", "short-smaller-context")},
+        "short-drafter-opted-in": ["--resolve", str(configs["short"]), *host_device],
+        "short-drafter-parsed-only": [str(configs["short"]), *host_device],
     }
+    environments = {"short-drafter-opted-in": {OPT_IN: "1"}}
     results_file = directory / "results.json"
     search_path = json.dumps([str(p) for p in resolve_path()])
     run_json_in_venv(BATCH_CODE, str(results_file), search_path, str(CHECK_SCRIPT.parent), json.dumps(cases),
-                     timeout=600)
+                     json.dumps(environments), timeout=600)
     output = json.loads(results_file.read_text(encoding="utf-8"))
     for case in output.values():
         case["configs"] = {name: yaml.safe_load(path.read_text()) for name, path in configs.items()}
     return output
 
 
+def differing_keys(configs: dict[str, dict[str, Any]], name: str) -> set[str]:
+    control, other = configs["control"], configs[name]
+    return {k for k in control.keys() | other.keys() if control.get(k) != other.get(k)}
+
+
 def test_the_two_configs_differ_in_one_key(checked: dict[str, dict[str, Any]]):
     configs = checked["control-resolved"]["configs"]
-    differing = {k for k in configs["control"].keys() | configs["flex"].keys()
-                 if configs["control"].get(k) != configs["flex"].get(k)}
-    assert differing == {"attention-backend"}
+    assert differing_keys(configs, "flex") == {"attention-backend"}
     assert configs["control"]["attention-backend"] == "triton"
+    assert differing_keys(configs, "short") == {"speculative-draft-model-path"}
+    assert differing_keys(configs, "short-smaller-context") == {"speculative-draft-model-path", "context-length"}
 
 
 def test_parser_alone_accepts_what_resolution_rejects(checked: dict[str, dict[str, Any]]):
@@ -135,3 +172,46 @@ def test_control_config_resolves(checked: dict[str, dict[str, Any]]):
     assert resolved["speculative_algorithm"] == "EAGLE3"
     assert resolved["tp_size"] == PROFILES[SPEC_PROFILE]["tensor_parallel_size"]
     assert Path(resolved["model_path"]).name == "tiny-deepseek-v3"
+
+
+def draft_context(result: dict[str, Any]) -> dict[str, Any]:
+    assert result["rc"] == 0, result["stderr"][-3000:]
+    return json.loads(result["stdout"])["draft_context"]
+
+
+@pytest.mark.parametrize("case", ["short-drafter", "yarn-drafter"])
+def test_a_drafter_shorter_than_the_profile_is_refused_before_the_switch(checked: dict[str, dict[str, Any]], case):
+    """Resolution accepts it (the parse-only run too); SGLang's own draft ModelConfig refuses it. The YaRN drafter's
+    factor 4 would reach 131072, but SGLang derives 32768 from it (tests/fixtures/eagle3-drafters/README.md)."""
+    rejected = checked[case]
+    assert rejected["rc"] == 2, rejected
+    stderr = " ".join(rejected["stderr"].split())
+    assert "Target model's context_length (131072) is greater than the derived context_length (32768)" in stderr
+    assert "derives a context of 32768 tokens, shorter than the target's 131072" in stderr
+    assert "set the profile's context_length to 32768 or less" in stderr
+    assert "set sglang_allow_longer_draft_context: true (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in stderr
+    version = pinned_sglang_lock()["version"]
+    assert f"REJECTED by sglang {version}'s draft model config (ModelConfig._derive_context_length" in stderr
+    assert rejected["stdout"] == ""
+    assert checked["short-drafter-parsed-only"]["rc"] == 0, "the parser alone never reads the drafter"
+
+
+def test_a_drafter_as_long_as_the_profile_or_longer_passes(checked: dict[str, dict[str, Any]]):
+    assert draft_context(checked["control-resolved"]) == {
+        "draft_context_length": 131072, "target_context_length": 131072, "runs_past_its_context": False}
+    assert draft_context(checked["longer-drafter"]) == {
+        "draft_context_length": 163840, "target_context_length": 131072, "runs_past_its_context": False}
+    assert "WARNING" not in checked["control-resolved"]["stderr"] + checked["longer-drafter"]["stderr"]
+
+
+def test_the_two_ways_out_pass(checked: dict[str, dict[str, Any]]):
+    """A context_length the drafter reaches; or the opt-in variable, with a warning naming both lengths."""
+    assert draft_context(checked["short-smaller-context-drafter"]) == {
+        "draft_context_length": 32768, "target_context_length": 32768, "runs_past_its_context": False}
+    opted_in = checked["short-drafter-opted-in"]
+    assert draft_context(opted_in) == {
+        "draft_context_length": 32768, "target_context_length": 131072, "runs_past_its_context": True}
+    warning = [line for line in opted_in["stderr"].splitlines() if line.startswith("WARNING: ")]
+    assert len(warning) == 1, opted_in["stderr"][-2000:]
+    assert "derives a context of 32768 tokens, shorter than the target's 131072" in warning[0]
+    assert f"{OPT_IN}=1 (sglang_allow_longer_draft_context) lets SGLang run it at 131072" in warning[0]

@@ -18,6 +18,15 @@ Run it with the engine venv's python, so the check uses the installed engine's c
    speculative hooks, which reject combinations the parser accepts (for example EAGLE3 with the flex_attention
    backend). Parsing alone never reaches them, and neither does resolution for a dummy model path. Run it as
    the service user with HF_HUB_OFFLINE=1, so it reads the local weights the way the engine will.
+5. With --resolve and a drafter (speculative decoding): the drafter's context against the target's, which
+   resolution does not compare. SGLang compares them only in the running scheduler, after the switch: its draft
+   worker builds the drafter's ModelConfig with the target's context length (srt/speculative/eagle_worker_v2.py,
+   srt/managers/tp_worker.py `_init_model_config`), and `ModelConfig._derive_context_length`
+   (srt/configs/model_config.py) refuses a target length longer than the one it derives from the drafter's
+   config.json, unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1. Here the same ModelConfig is built for the
+   drafter and SGLang's own `_derive_context_length` is called with the target's length, in this process's
+   environment (the unit's): refused, the check rejects it naming both lengths and the two ways out; allowed by
+   the variable, it passes with a WARNING line on stderr.
 
 Exit status: 0 accepted (prints JSON of the values that matter), 2 rejected by SGLang, 1 unusable input.
 Secrets (API keys and the like) are never printed: not in the JSON, not in an error message.
@@ -79,6 +88,15 @@ class RejectedError(Exception):
 
 class ResolutionRejectedError(RejectedError):
     """SGLang's resolution (ServerArgs.resolve_once) refused a configuration its parser accepted."""
+
+
+class DraftContextRejectedError(RejectedError):
+    """SGLang's draft ModelConfig refuses the drafter at the target's context length."""
+
+
+# The unit's opt-in (the sglang role's sglang_allow_longer_draft_context sets it) and SGLang's own name for it.
+DRAFT_CONTEXT_OPT_IN = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+ROLE_OPT_IN = "sglang_allow_longer_draft_context"
 
 
 class StrictParser(argparse.ArgumentParser):
@@ -178,7 +196,51 @@ def check(config_path: Path, extra_argv: list[str], semantic: bool = False) -> d
         raise RejectedError(f"{type(exc).__name__}: {exc}") from exc
     if not semantic:
         return {**summarize(field_values(server_args)), "resolved": False}
-    return {**summarize(resolve(server_args)), "resolved": True}
+    resolved = resolve(server_args)
+    return {**summarize(resolved), "resolved": True, **draft_context(server_args, resolved)}
+
+
+def draft_context(server_args: Any, resolved: dict[str, Any]) -> dict[str, Any]:
+    """The drafter's context against the target's, decided by SGLang's own code; {} without a drafter.
+
+    The target's length is what its ModelConfig ends with (the profile's context_length, or the length SGLang
+    derives from the model when the profile sets none). The drafter's ModelConfig is built as SGLang's draft
+    worker builds it, first with a length of 1, which every drafter fits, so `_derive_context_length` neither
+    refuses nor rewrites the drafter's config: the length SGLang derives from the drafter is then read with the
+    function it uses (`get_context_length`, which applies a rope_scaling factor only without
+    original_max_position_embeddings). Then `_derive_context_length` itself is called with the target's length.
+    """
+    draft_path = resolved.get("speculative_draft_model_path")
+    if not resolved.get("speculative_algorithm") or not draft_path:
+        return {}
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.utils.hf_transformers_utils import get_context_length
+
+    try:
+        target = ModelConfig.from_server_args(server_args).context_len
+        draft = ModelConfig.from_server_args(server_args, model_path=draft_path,
+                                             model_revision=resolved.get("speculative_draft_model_revision"),
+                                             is_draft_model=True, context_length=1)
+        derived = int(get_context_length(draft.hf_text_config))
+    except ImportError:
+        raise
+    except Exception as exc:  # the draft worker would fail alike: its config is refused or unreadable
+        raise DraftContextRejectedError(f"{type(exc).__name__}: {exc}") from exc
+    report = {"draft_context_length": derived, "target_context_length": target}
+    try:
+        draft._derive_context_length(target)  # raises unless it fits or the environment allows it
+    except ValueError as exc:
+        raise DraftContextRejectedError(
+            f"ValueError: {exc}\nThe drafter {draft_path} derives a context of {derived} tokens, shorter than the "
+            f"target's {target}; SGLang would refuse it only after the switch, in its scheduler, where it builds the "
+            f"drafter's model config. Either set the profile's context_length to {derived} or less, or set "
+            f"{ROLE_OPT_IN}: true ({DRAFT_CONTEXT_OPT_IN}=1 in the unit: the drafter then runs past the context it "
+            f"derives, which SGLang warns \"may lead to incorrect model outputs\").") from exc
+    if target > derived:
+        print(f"WARNING: the drafter {draft_path} derives a context of {derived} tokens, shorter than the target's "
+              f"{target}; {DRAFT_CONTEXT_OPT_IN}=1 ({ROLE_OPT_IN}) lets SGLang run it at {target}.",
+              file=sys.stderr)
+    return {"draft_context": {**report, "runs_past_its_context": target > derived}}
 
 
 def field_values(server_args: Any) -> dict[str, Any]:
@@ -224,7 +286,8 @@ def main(argv: list[str]) -> int:
     except RejectedError as exc:
         print(f"sglang serve: error: {redact(str(exc), secrets)}", file=sys.stderr)
         stage = ("resolution (ServerArgs.resolve_once)" if isinstance(exc, ResolutionRejectedError)
-                 else "parser (abbreviations off)")
+                 else "draft model config (ModelConfig._derive_context_length, as its draft worker builds it)"
+                 if isinstance(exc, DraftContextRejectedError) else "parser (abbreviations off)")
         print(f"REJECTED by sglang {sglang_version()}'s {stage}: {config_path}", file=sys.stderr)
         return EXIT_REJECTED
     except ValueError as exc:
