@@ -130,7 +130,8 @@ def sandbox_fingerprint(name: str, since: str) -> dict[str, str]:
     return {
         "id": podman("inspect", "-f", "{{.Id}} {{.State.StartedAt}}", name),
         "state.json": podman("exec", name, "sh", "-c", "cat /var/lib/llm-serving/state.json 2>/dev/null || true"),
-        "engines": podman("exec", name, "systemctl", "show", "-p", "MainPID,ActiveState,FragmentPath", "sglang", "vllm"),
+        "engines": podman("exec", name, "systemctl", "show", "-p", "MainPID,ActiveState,FragmentPath",
+                          "sglang", "vllm"),
         "changed files": podman("exec", name, "sh", "-c",
                                 f"find /etc /var/lib/llm-serving /opt -newermt @{since} 2>/dev/null | sort"),
     }
@@ -147,7 +148,8 @@ def users_sandbox():
         yield USERS_SANDBOX
     finally:
         if booted:
-            subprocess.run(["podman", "rm", "-f", "--ignore", "-t", "0", USERS_SANDBOX], capture_output=True, check=False)
+            subprocess.run(["podman", "rm", "-f", "--ignore", "-t", "0", USERS_SANDBOX], capture_output=True,
+                           check=False)
 
 
 @pytest.mark.container
