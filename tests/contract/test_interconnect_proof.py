@@ -7,8 +7,9 @@ with plugins/module_utils/host/pcie.py beside it, as a deploy ships it.
 
 Shown here: a healthy proof passes with right sums and reports uid, the NCCL/CUDA/SGLANG environment (no secret)
 and SGLang's in-process NCCL settings as each rank set them, and reports the bfloat16, CUDA-graph and peer-write
-steps skipped with the reason (gloo runs on the CPU; the GPU run is tests/gpu/interconnect_proof_smoke.py); a
-rank made to hang fails the proof within timeout + 10 %, naming the rank and its step, with the IOMMU/ACS
+steps skipped with the reason (gloo runs on the CPU; the GPU run is tests/gpu/interconnect_proof_smoke.py);
+vLLM's FlashInfer PCIe IPC switch is a peer-to-peer all-reduce of its own; a rank made to hang fails the proof
+within timeout + 10 %, naming the rank and its step, with the IOMMU/ACS
 diagnostics and the README fix; MIG on one of the profile's GPUs (nvidia-smi double) refuses before any rank
 starts; a hung nvidia-smi ends at its timeout with a message.
 """
@@ -99,6 +100,23 @@ def test_healthy_proof_passes_with_right_sums_and_reports_who_ran_it(shipped: Pa
     assert report["environment"]["CUDA_VISIBLE_DEVICES"] == ""
     assert len(report["environment_hash"]) == 16
     assert "interconnect proof PASSED: all_reduce over 3 ranks (gloo)" in proc.stderr
+
+
+def test_vllms_pcie_ipc_switch_is_a_peer_to_peer_all_reduce_without_the_custom_one(shipped: Path):
+    """VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 in the unit turns on vLLM's FlashInfer PCIe IPC all-reduce whatever
+    --disable-custom-all-reduce says (no --custom-all-reduce here): the proof names it, keys it, and plans its
+    peer-write step for it (on GPUs; gloo skips it, tests/unit/plugins/modules/test_interconnect_proof_module.py
+    shows the plan with nccl)."""
+    proc, _ = run_proof(shipped, "--world-size", "2", "--backend", "gloo", "--sizes-mib", "1", "--timeout-s", "90",
+                        "--skip-mig-check", "--engine", "vllm", "--engine-model",
+                        str(REPO_ROOT / "roles" / "vllm" / "files" / "interconnect_engine.py"),
+                        "--env-prefixes", "VLLM_", env={"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["custom_all_reduce"] is False and report["engine_environment"] == {}
+    switch = "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC"
+    assert report["peer_to_peer_all_reduce"] == f"{switch} (FlashInfer PCIe IPC all-reduce)"
+    assert report["environment"]["VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC"] == "1"
 
 
 def test_hung_rank_fails_within_timeout_and_is_named(shipped: Path):

@@ -7,19 +7,31 @@ the profile turns on SGLang's PCIe IPC all-reduce. Standard library only: the pr
 
 from __future__ import annotations
 
-# The profile's switches that change what SGLang sets.
-FLAGS = ("enable-symm-mem", "enable-nccl-nvls")
+# The profile's switches that change what SGLang sets: the first two its NCCL memory settings, the others turn its CUDA
+# graphs off (disable-cuda-graph both phases, the other two one phase each), and with them NCCL_GRAPH_REGISTER=0.
+FLAGS = ("enable-symm-mem", "enable-nccl-nvls", "disable-cuda-graph", "disable-decode-cuda-graph",
+         "disable-prefill-cuda-graph")
+GRAPHS_OFF = ({"disable-cuda-graph"}, {"disable-decode-cuda-graph", "disable-prefill-cuda-graph"})
 # The environment variables that turn on SGLang's own peer-to-peer all-reduce (beside its custom all-reduce).
 PEER_ALL_REDUCE_SWITCHES = ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",)
 TRUE_WORDS = ("true", "1", "yes", "y")  # SGLang's EnvBool (python/sglang/srt/environ.py)
 
 
-def process_environment(env: dict[str, str], flags: list[str]) -> dict[str, str]:
+def process_environment(env: dict[str, str], flags: list[str], world_size: int = 1) -> dict[str, str]:
     """What SGLang sets in its own process before its first NCCL call, given the environment it starts with.
 
     python/sglang/srt/entrypoints/engine.py ``_set_envs_and_config``: NCCL_CUMEM_ENABLE and NCCL_NVLS_ENABLE where
     unset (to 0; ``enable-symm-mem`` forces both to 1, ``enable-nccl-nvls`` forces NVLS to 1), and
-    CUDA_DEVICE_MAX_CONNECTIONS=8 always. Not modelled: the MNNVL fabric (GB200, nnodes > 1), KV-cache sharding's
+    CUDA_DEVICE_MAX_CONNECTIONS=8 always.
+
+    python/sglang/srt/arg_groups/parallel_hook.py ``handle_data_parallelism`` (resolution, in the server's process
+    before the schedulers start, so they inherit it): NCCL_GRAPH_REGISTER=0 where unset (a value the unit sets wins)
+    when a CUDA graph may capture a cross-rank collective (``_graph_may_capture_collectives``): more than one rank
+    (the largest of TP, EP and DP size) and a CUDA graph in some phase, that is unless the profile turns every
+    phase's graph off (``disable-cuda-graph``, or ``disable-decode-cuda-graph`` with ``disable-prefill-cuda-graph``).
+    ``world_size`` is the number of ranks; a caller that does not know it gets what SGLang sets for one rank. Not
+    modelled: resolution hooks that turn graphs off by themselves (SGLang's check errs toward registering nothing, as
+    this model does), ``cuda-graph-backend-*: disabled``, the MNNVL fabric (GB200, nnodes > 1), KV-cache sharding's
     symmetric scratch and ``dcp-size`` > 1 (NCCL_GRAPH_MIXING_SUPPORT), none of which a PCIe host runs.
     """
     applied: dict[str, str] = {}
@@ -29,6 +41,9 @@ def process_environment(env: dict[str, str], flags: list[str]) -> dict[str, str]
     if "NCCL_NVLS_ENABLE" not in env or nvls or symm:
         applied["NCCL_NVLS_ENABLE"] = str(int(nvls or symm))
     applied["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    graphs = not any(off <= set(flags) for off in GRAPHS_OFF)
+    if world_size > 1 and graphs and "NCCL_GRAPH_REGISTER" not in env:
+        applied["NCCL_GRAPH_REGISTER"] = "0"
     return applied
 
 

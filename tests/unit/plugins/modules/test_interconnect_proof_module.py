@@ -288,6 +288,14 @@ def load_script():
     return module
 
 
+def load_model(path: str):
+    """An engine role's interconnect model (standard library), loaded by path as the proof script loads it."""
+    spec = importlib.util.spec_from_file_location("interconnect_engine_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_key_holds_engine_variables_engine_settings_and_the_script_but_no_secret():
     env = proof.interconnect_environment({**ENV, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "VLLM_API_KEY": "s3cr3t",
                                           "SGLANG_ADMIN_API_KEY": "x", "HF_TOKEN": "y", "NCCL_TOKEN_DUMMY": "z",
@@ -345,6 +353,45 @@ def test_the_engine_sets_its_nccl_environment_in_the_ranks_as_its_own_code_does(
     assert script.load_engine_model("") is script.NO_ENGINE
 
 
+def test_sglang_turns_nccl_graph_buffer_registration_off_when_its_graphs_may_capture_collectives():
+    """SGLang 0.5.23 sets NCCL_GRAPH_REGISTER=0 where unset when more than one rank may capture a collective in a CUDA
+    graph (srt/arg_groups/parallel_hook.py): not for one rank, not with every phase's graph off, never over the
+    unit's own value. The proof script passes no world size to the model (it calls process_environment(env,
+    flags)), so its ranks get what SGLang sets for one rank."""
+    model = load_model(ENGINE_MODELS["sglang"])
+    base = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    assert model.process_environment({}, [], 8) == {**base, "NCCL_GRAPH_REGISTER": "0"}
+    assert model.process_environment({}, [], 2)["NCCL_GRAPH_REGISTER"] == "0"
+    assert model.process_environment({}, [], 1) == base == model.process_environment({}, [])
+    assert model.process_environment({}, ["disable-cuda-graph"], 8) == base
+    assert model.process_environment({}, ["disable-decode-cuda-graph", "disable-prefill-cuda-graph"], 8) == base
+    assert model.process_environment({}, ["disable-decode-cuda-graph"], 8)["NCCL_GRAPH_REGISTER"] == "0"
+    assert model.process_environment({}, ["disable-prefill-cuda-graph"], 8)["NCCL_GRAPH_REGISTER"] == "0"
+    assert "NCCL_GRAPH_REGISTER" not in model.process_environment({"NCCL_GRAPH_REGISTER": "1"}, [], 8)
+    script = load_script()
+    sglang = script.load_engine_model(ENGINE_MODELS["sglang"])
+    assert {"disable-cuda-graph", "disable-decode-cuda-graph", "disable-prefill-cuda-graph"} <= set(sglang.flags)
+    assert script.engine_environment(sglang, {}, ["disable-cuda-graph"]) == base
+
+
+def test_vllms_flashinfer_pcie_ipc_all_reduce_is_a_peer_to_peer_switch_of_its_own():
+    """VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC, read as vLLM reads it (vllm/envs.py: int), turns it on whatever
+    --disable-custom-all-reduce says, unless VLLM_BATCH_INVARIANT=1 (cuda_communicator.py)."""
+    model = load_model(ENGINE_MODELS["vllm"])
+    assert model.PEER_ALL_REDUCE_SWITCHES == ("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC",)
+    on = "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC (FlashInfer PCIe IPC all-reduce)"
+    assert model.peer_all_reduce({"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}) == on
+    assert model.peer_all_reduce({"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "2"}) == on
+    for env in ({}, {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "0"}, {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": ""},
+                {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "true"},  # vLLM itself stops at start on it
+                {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1", "VLLM_BATCH_INVARIANT": "1"}):
+        assert model.peer_all_reduce(env) is None, env
+    script = load_script()
+    vllm = script.load_engine_model(ENGINE_MODELS["vllm"])
+    assert script.ipc_reason(vllm, {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}, False) == on
+    assert script.ipc_reason(vllm, {}, False) is None
+
+
 def test_a_broken_engine_model_is_refused_naming_what_it_lacks(tmp_path, capsys):
     script = load_script()
     partial = tmp_path / "model.py"
@@ -374,10 +421,13 @@ def test_steps_that_cannot_run_are_reported_skipped_or_not_run_with_the_reason(m
                        "ipc peer-write all_reduce": "not run: needs >= 2 GPUs"}
     assert plan(script, "--custom-all-reduce")["ipc peer-write all_reduce"] == "not run: needs >= 2 GPUs"
     assert plan(script)["ipc peer-write all_reduce"] == "not run: needs >= 2 GPUs"
-    off = plan(script, "--world-size", "8", "--engine", "vllm", "--engine-model", ENGINE_MODELS["vllm"],
-               env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    vllm = ("--engine", "vllm", "--engine-model", ENGINE_MODELS["vllm"])
+    off = plan(script, "--world-size", "8", *vllm, env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
     assert off["ipc peer-write all_reduce"] == ("not run: the profile turns on no peer-to-peer all-reduce "
-                                                "(custom all-reduce)")
+                                                "(VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC, custom all-reduce)")
+    # vLLM's FlashInfer PCIe IPC all-reduce writes peer to peer with its custom all-reduce off (no --custom-all-reduce).
+    assert plan(script, "--world-size", "8", *vllm,
+                env={"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"})["ipc peer-write all_reduce"] is None
     assert plan(script, "--world-size", "8", *sglang, env={})["ipc peer-write all_reduce"] == (
         "not run: the profile turns on no peer-to-peer all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, "
         "custom all-reduce)")
