@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The engine roster (meta/engines.yml), read and checked on the controller.
 
-Each engine's entry names what the engine-neutral code needs: its role and entry point, its unit, service user and
-process patterns, the variables and flags that carry its keys, its routes and metric names. A missing or unknown key,
-or a value of the wrong type, fails with the entry and the key named: a typo in the roster must not quietly leave an
-engine's processes running on a teardown.
+Each engine's entry names what the engine-neutral code needs: its role and entry point, its unit, service user,
+process patterns and /dev/shm names, the variables and flags that carry its keys, its routes and metric names. A
+missing or unknown key, or a value of the wrong type, fails with the entry and the key named: a typo in the roster
+must not quietly leave an engine's processes running on a teardown.
 """
 
 from __future__ import annotations
@@ -20,11 +20,16 @@ ROSTER_FILE = Path(__file__).resolve().parents[2] / "meta" / "engines.yml"
 ENGINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # key -> type; every key is required (an engine without a value says so: "", [] or false).
 FIELDS: dict[str, type] = {
-    "role": str, "playbook": str, "unit": str, "service_user": str, "process_patterns": list, "env_prefixes": list,
-    "secret_flags": list, "reserved_flags": dict, "distinct_secrets": list, "nodes_group_variable": str,
-    "readiness_timeout_s": int, "generating_routes": list, "reasoning_field": str, "server_info": bool,
-    "unguarded_route_hint": str, "drain_program": str, "metrics": dict,
+    "role": str, "playbook": str, "unit": str, "service_user": str, "process_patterns": list, "shm_patterns": list,
+    "env_prefixes": list, "secret_flags": list, "reserved_flags": dict, "distinct_secrets": list,
+    "nodes_group_variable": str, "readiness_timeout_s": int, "generating_routes": list, "reasoning_field": str,
+    "server_info": bool, "unguarded_route_hint": str, "drain_program": str, "metrics": dict,
 }
+# A /dev/shm pattern names the engine's own entries: a literal prefix of at least this many characters before the
+# first wildcard, and no directory. gpu_release removes every entry it matches that a service user owns and no process
+# holds, so "*" or "t*" would take entries that are not the engine's.
+SHM_PREFIX_MIN = 4
+WILDCARDS = re.compile(r"[*?\[]")
 ACCEPTANCE_COUNTERS = {
     "verify_calls": ("generation_tokens", "verify_calls"),
     "draft_counters": ("generation_tokens", "drafts", "draft_tokens", "accepted_tokens"),
@@ -45,6 +50,11 @@ def _check_metrics(name: str, metrics: dict) -> list[str]:
     problems += [f"{name}.metrics.{key} must be a non-empty string" for key in sorted(expected & set(metrics))
                  if not isinstance(metrics[key], str) or not metrics[key]]
     return problems
+
+
+def _shm_pattern_ok(pattern: str) -> bool:
+    literal = WILDCARDS.split(pattern, maxsplit=1)[0]
+    return "/" not in pattern and len(literal) >= SHM_PREFIX_MIN
 
 
 def check_entry(name: str, entry: Any) -> list[str]:
@@ -68,6 +78,9 @@ def check_entry(name: str, entry: Any) -> list[str]:
                 problems.append(f"{name}.{key} must not be empty")
         if not entry["process_patterns"]:
             problems.append(f"{name}.process_patterns must name at least one pattern (a teardown looks for them)")
+        problems += [f"{name}.shm_patterns: {pattern!r} must start with a name prefix of at least {SHM_PREFIX_MIN} "
+                     "characters before any wildcard, and name no directory (gpu_release removes what it matches)"
+                     for pattern in entry["shm_patterns"] if not _shm_pattern_ok(pattern)]
         problems += [f"{name}.reserved_flags.{flag} must name what sets the flag (a non-empty string)"
                      for flag, what in entry["reserved_flags"].items() if not isinstance(what, str) or not what]
     return problems

@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 ENGINE = "fakeinfer"
 ROSTER_ENTRY = {
     "role": ENGINE, "playbook": "launch.yml", "unit": f"{ENGINE}.service", "service_user": ENGINE,
-    "process_patterns": [f"{ENGINE}::*", f"{ENGINE} serve"], "env_prefixes": ["FAKEINFER_"],
+    "process_patterns": [f"{ENGINE}::*", f"{ENGINE} serve"], "shm_patterns": [f"{ENGINE}_shm_*"],
+    "env_prefixes": ["FAKEINFER_"],
     "secret_flags": ["api-key"], "reserved_flags": {"port": "the profile's port"}, "distinct_secrets": [],
     "nodes_group_variable": "", "readiness_timeout_s": 123,
     "generating_routes": ["/v1/chat/completions"], "reasoning_field": "reasoning", "server_info": False,

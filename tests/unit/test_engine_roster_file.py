@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 from ansible_collections.blackwell.serving.plugins.plugin_utils import engine_roster as er
@@ -20,6 +21,7 @@ def test_the_roster_names_both_engines_with_their_units_users_and_patterns():
     assert er.field_values(ROSTER, "service_user") == ["sglang", "vllm"]
     assert "sglang::*" in er.field_values(ROSTER, "process_patterns")
     assert "VLLM::*" in er.field_values(ROSTER, "process_patterns")
+    assert {"multi_tokenizer_*", "sgl_shm_*", "sglang_loads_*"} <= set(er.field_values(ROSTER, "shm_patterns"))
     assert er.field_values(ROSTER, "name") == ["sglang", "vllm"]
 
 
@@ -29,6 +31,11 @@ def test_the_roster_names_both_engines_with_their_units_users_and_patterns():
     (lambda e: e["sglang"].update(readiness_timeout_s="900"), "sglang.readiness_timeout_s must be a int, got str"),
     (lambda e: e["sglang"].update(process_patterns=[]), "sglang.process_patterns must name at least one pattern"),
     (lambda e: e["sglang"].update(process_patterns=[1]), "sglang.process_patterns must be a list of strings"),
+    (lambda e: e["vllm"].pop("shm_patterns"), "vllm.shm_patterns is missing"),
+    (lambda e: e["sglang"].update(shm_patterns="sgl_shm_*"), "sglang.shm_patterns must be a list, got str"),
+    (lambda e: e["sglang"].update(shm_patterns=["*"]), "sglang.shm_patterns: '*' must start with a name prefix"),
+    (lambda e: e["sglang"].update(shm_patterns=["sgl*"]), "sglang.shm_patterns: 'sgl*' must start with a name prefix"),
+    (lambda e: e["sglang"].update(shm_patterns=["../etc*"]), "sglang.shm_patterns: '../etc*' must start with"),
     (lambda e: e["vllm"].update(unit="sglang.service"), "unit sglang.service is named by more than one engine"),
     (lambda e: e["vllm"]["metrics"].pop("drafts"), "vllm.metrics.drafts is missing"),
     (lambda e: e["vllm"]["metrics"].update(acceptance="magic"), "vllm.metrics.acceptance must be one of"),
@@ -41,7 +48,7 @@ def test_the_roster_names_both_engines_with_their_units_users_and_patterns():
 def test_a_broken_entry_is_refused_naming_engine_and_key(change, message):
     data = copy.deepcopy(raw())
     change(data["engines"])
-    with pytest.raises(er.RosterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(er.RosterError, match=re.escape(message)):
         er.check_roster(data)
 
 

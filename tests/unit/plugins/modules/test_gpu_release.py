@@ -318,6 +318,49 @@ def test_shm_removes_only_stale_engine_entries(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["keep-me", "nccl-dir", "psm_mapped", "psm_open"]
 
 
+def role_shm_patterns() -> list[str]:
+    """The gpu_release role's default: the engine-neutral names, then every engine's of the roster (shm_patterns)."""
+    import ast
+    import re
+
+    import yaml
+
+    default = yaml.safe_load((REPO / "roles" / "gpu_release" / "defaults" / "main.yml").read_text())[
+        "gpu_release_shm_patterns"]
+    lookup = re.escape("query('blackwell.serving.engine_roster', 'shm_patterns')")
+    found = re.fullmatch(rf"\{{\{{ (\[[^]]*\]) \+ {lookup} \}}\}}", default)
+    assert found, default
+    return ast.literal_eval(found.group(1)) + field_values(ROSTER, "shm_patterns")
+
+
+def test_shm_removes_the_engines_own_stale_entries_named_by_the_roster(tmp_path):
+    """SGLang 0.5.23's /dev/shm names (meta/engines.yml): pid-stamped sgl_shm_<kind>_<pid>_<hex> segments and the
+    sglang_loads_ slot files are removed once no process holds them, kept while one does; the module's own default
+    (engine-neutral names and multi_tokenizer_*) never matched them."""
+    names = ["sgl_shm_mq_4242_0a1b2c3d", "sglang_loads_scheduler_1f2e3d4c.shm", "multi_tokenizer_args_4242",
+             "sgl_shm_mm_77_deadbeef", "sglang_loads_held_0badf00d.shm", "vllm_offload_0.mmap", "sglang_other"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    procs = {77: proc(77, 1, ["sglang::scheduler_TP0"], fds=[str(tmp_path / "sgl_shm_mm_77_deadbeef")])}
+    real_maps = pf.read_mapped_paths
+    held = str(tmp_path / "sglang_loads_held_0badf00d.shm")
+    release_shm.read_mapped_paths = lambda pid: {held} if pid == 77 else real_maps(pid)
+    try:
+        result = release_shm.clean_shm(make_params(tmp_path, shm_patterns=role_shm_patterns()), procs, False, set(),
+                                       owners(str(os.geteuid())))
+    finally:
+        release_shm.read_mapped_paths = real_maps
+    assert sorted(os.path.basename(p) for p in result["removed"]) == [
+        "multi_tokenizer_args_4242", "sgl_shm_mq_4242_0a1b2c3d", "sglang_loads_scheduler_1f2e3d4c.shm",
+        "vllm_offload_0.mmap"]
+    kept = {os.path.basename(k["path"]): k["reason"] for k in result["kept"]}
+    assert kept == {"sgl_shm_mm_77_deadbeef": "open or mapped by PIDs 77",
+                    "sglang_loads_held_0badf00d.shm": "open or mapped by PIDs 77"}
+    assert sorted(os.listdir(tmp_path)) == ["sgl_shm_mm_77_deadbeef", "sglang_loads_held_0badf00d.shm", "sglang_other"]
+    module_default = gpu_release.ARGUMENT_SPEC["shm_patterns"]["default"]
+    assert {"sgl_shm_*", "sglang_loads_*"} <= set(role_shm_patterns()) - set(module_default)
+
+
 def test_shm_owner_and_check_mode(tmp_path):
     (tmp_path / "psm_a").write_bytes(b"x")
     (tmp_path / "psm_b").write_bytes(b"x")
