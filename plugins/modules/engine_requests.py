@@ -18,6 +18,11 @@ description:
     C(timed out).
   - I(headers) (the API key) is never logged. I(keep_json) keeps only some top-level keys of an answer (SGLang's
     C(/server_info) echoes its launch command, API key included).
+  - Each answer says whether its body holds a secret (C(holds_secrets)) - the bearer token its request sent, any of
+    I(secrets), or any secret the unit I(secrets_of_unit) gives its engine (the values of I(secret_flags) on its
+    command line, in the C(--config) file it names and in its environment), read on the host - as it is, JSON- or
+    repr-escaped or base64-encoded. So a reply that publishes the engine's admin key is found whichever key the
+    request sent, or none.
   - The requests are sent in check mode too (they read the endpoint; a smoke completion changes nothing there).
 options:
   base_url:
@@ -68,6 +73,23 @@ options:
         type: list
         elements: str
         default: []
+  secrets:
+    description: Values no answer may hold (C(holds_secrets)); never logged.
+    type: list
+    elements: str
+    default: []
+  secrets_of_unit:
+    description:
+      - A systemd unit whose engine's secrets no answer may hold either, read from the unit systemd loaded on the
+        host (and masked in the module's result, as I(secrets) are); empty, or a unit systemd does not know here,
+        adds none. A file the unit names that cannot be read fails the module.
+    type: str
+    default: ""
+  secret_flags:
+    description: The engine's flags that carry secrets (the engine roster's C(secret_flags)), for I(secrets_of_unit).
+    type: list
+    elements: str
+    default: []
 notes:
   - Standard library only.
 author: the blackwell-llm-serving authors (!UNKNOWN)
@@ -94,8 +116,19 @@ RETURN = r"""
 results:
   description: >-
     The answer per request name - status, msg, json, elapsed_s, skipped, url, echoes_credentials (whether the
-    body holds the bearer token the request sent), and the response headers as top-level keys.
+    body holds the bearer token the request sent), holds_secrets (whether it holds that token or any other secret
+    looked for), and the response headers as top-level keys.
   type: dict
+  returned: always
+secrets_looked_for:
+  description: How many secret values the answers were searched for, besides each request's own token.
+  type: int
+  returned: always
+unit_secrets_found:
+  description: >-
+    How many of them the unit I(secrets_of_unit) gives its engine besides I(secrets) (with no API key among
+    I(secrets): whether the engine holds a key of its own, such as SGLang's admin key).
+  type: int
   returned: always
 """
 
@@ -107,6 +140,11 @@ import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.blackwell.serving.plugins.module_utils.secrets.redact import secret_forms
+from ansible_collections.blackwell.serving.plugins.module_utils.secrets.unit_secrets import (
+    UnitSecretsError,
+    unit_secrets,
+)
 
 
 def header_keys(headers: Any) -> dict[str, str]:
@@ -123,7 +161,8 @@ def parsed(body: bytes, keep: list[str]) -> Any:
     return value
 
 
-def send(base_url: str, headers: dict[str, str], request: dict[str, Any]) -> dict[str, Any]:
+def send(base_url: str, headers: dict[str, str], request: dict[str, Any], secrets: list[str] | None = None
+         ) -> dict[str, Any]:
     url = base_url.rstrip("/") + request["path"]
     data = None
     send_headers = dict(headers) if request["auth"] else {}
@@ -147,6 +186,7 @@ def send(base_url: str, headers: dict[str, str], request: dict[str, Any]) -> dic
         answer.update(status=-1, msg=f"Request failed: {'timed out' if timed_out else reason}")
     answer["elapsed_s"] = round(time.monotonic() - start, 3)
     answer["echoes_credentials"] = echoes_credentials(body, send_headers)
+    answer["holds_secrets"] = answer["echoes_credentials"] or holds_secret(body, secrets or [])
     answer["json"] = parsed(body, request["keep_json"]) if body else None
     return answer
 
@@ -159,6 +199,12 @@ def echoes_credentials(body: bytes, sent_headers: dict[str, str]) -> bool:
         return False
     text = body.decode("utf-8", errors="replace")
     return token in text or json.dumps(token)[1:-1] in text
+
+
+def holds_secret(body: bytes, secrets: list[str]) -> bool:
+    """Whether the answer holds any of the secrets in any form a reply or log carries one (secrets/redact.py)."""
+    text = body.decode("utf-8", errors="replace")
+    return any(form in text for secret in secrets if secret for form in secret_forms(secret))
 
 
 def main() -> None:
@@ -176,9 +222,21 @@ def main() -> None:
                 "expect": {"type": "list", "elements": "int", "default": []},
                 "keep_json": {"type": "list", "elements": "str", "default": []},
             }},
+            "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
+            "secrets_of_unit": {"type": "str", "default": "", "no_log": False},
+            "secret_flags": {"type": "list", "elements": "str", "default": [], "no_log": False},
         },
         supports_check_mode=True,
     )
+    secrets = [secret for secret in module.params["secrets"] if secret]
+    try:
+        of_unit = [secret for secret in unit_secrets(module.params["secrets_of_unit"], module.params["secret_flags"])
+                   if secret not in secrets]
+        secrets += of_unit
+        module.no_log_values.update(of_unit)  # masked wherever the module's result would show one
+    except UnitSecretsError as error:
+        module.fail_json(msg=f"cannot read the secrets of {module.params['secrets_of_unit']}, so its answers cannot "
+                             f"be searched for them: {error}")
     results: dict[str, Any] = {}
     stopped = ""
     for request in module.params["requests"]:
@@ -186,11 +244,12 @@ def main() -> None:
             results[request["name"]] = {"skipped": True, "status": None, "json": None,
                                         "msg": f"not sent: {stopped} answered unexpectedly"}
             continue
-        answer = send(module.params["base_url"], module.params["headers"], request)
+        answer = send(module.params["base_url"], module.params["headers"], request, secrets)
         results[request["name"]] = answer
         if request["expect"] and answer["status"] not in request["expect"]:
             stopped = request["name"]
-    module.exit_json(changed=False, results=results)
+    module.exit_json(changed=False, results=results, secrets_looked_for=len(set(secrets)),
+                     unit_secrets_found=len(set(of_unit)))
 
 
 if __name__ == "__main__":
