@@ -11,8 +11,13 @@ tests that name an engine's own leak show it on the engine alone, as the reason 
 
 from __future__ import annotations
 
+import collections
+import http.client
+import importlib.util
 import json
+import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -28,6 +33,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "scripted_engine"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
 import engine_venv
+import yaml
 from front_end import RealFrontEnd
 from module_utils_loader import load_library_module, load_module_util, load_plugin_util
 from verify_helpers import EngineDouble
@@ -253,6 +259,9 @@ def test_the_route_table_is_read_from_the_real_app(engine: RealFrontEnd) -> None
     assert {"/v1/chat/completions", "/v1/completions", "/health"} <= paths, sorted(paths)
     if engine.flavour == "vllm":
         assert "/invocations" in paths, sorted(paths)
+    else:  # FastAPI 0.165 keeps an included router as one entry; the table lists its routes (script.py route_rows)
+        assert {"/scale_elastic_ep", "/is_scaling_elastic_ep", "/v1/loads"} <= paths, sorted(paths)
+        assert all(route["path"] for route in routes), [route for route in routes if not route["path"]]
 
 
 def test_the_route_probe_sees_a_generating_route(engine: RealFrontEnd) -> None:
@@ -294,6 +303,237 @@ def test_vllm_alone_generates_without_the_key_on_routes_outside_its_guarded_pref
     while _engine_requests(vllm_alone) == before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _engine_requests(vllm_alone) > before
+
+
+# --- nothing keyless grows, no foreign origin, no key in a log or a dump (issue 46) ----------------------------------
+# SGLang passes every path under /health, /ready and /metrics without a key (srt/utils/auth.py decide_request_auth) and
+# its HTTP metrics label a path no route matches by its raw text (srt/observability/http_request_metrics.py): the
+# release's plugin (roles/sglang/files/bws_sglang_guard.py) answers such a path 404 before those metrics see it.
+KEYLESS_REQUESTS = int(os.environ.get("BWS_KEYLESS_REQUESTS", "20000"))
+
+
+def _main_pid(front_end: RealFrontEnd) -> int:
+    """The engine's main process (SGLang's HTTP server): the only child of `unshare --fork`."""
+    return int(Path(f"/proc/{front_end.process.pid}/task/{front_end.process.pid}/children").read_text().split()[0])
+
+
+def _rss_kib(pid: int) -> int:
+    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("VmRSS:")).split()[1])
+
+
+def _series(front_end: RealFrontEnd) -> set[str]:
+    """The series /metrics holds: each sample line's name and labels."""
+    status, body = front_end.request("/metrics", key=None)
+    assert status == 200
+    return {line.rsplit(" ", 1)[0] for line in body.decode().splitlines() if line and not line.startswith("#")}
+
+
+def _raw(front_end: RealFrontEnd, method: str, path: str, headers: dict[str, str], body: bytes | None = None
+         ) -> tuple[int, dict[str, str], bytes]:
+    """One request with exactly these headers (Host included: http.client's own is left out)."""
+    connection = http.client.HTTPConnection("127.0.0.1", front_end.port, timeout=60)
+    try:
+        connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in {"Host": f"127.0.0.1:{front_end.port}", **headers}.items():
+            connection.putheader(name, value)
+        if body is not None:
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def test_sglang_keyless_paths_under_its_open_prefixes_are_refused_before_its_metrics(sglang: RealFrontEnd) -> None:
+    """N keyless GET /health<random> (and /ready<random>, /metrics<random>): every one 404, no new series, the
+    HTTP server's memory about the same (SGLang alone: 20,000 made 60,000 series and 89 MiB,
+    bench/bench_keyless_series.py --alone)."""
+    for path in ("/health", "/health_generate", "/ready", "/metrics"):
+        assert sglang.request(path, key=None)[0] == 200, path  # the engine's own open routes still answer
+    _series(sglang)  # the first scrape adds /metrics' own series
+    pid = _main_pid(sglang)
+    before, rss_before = _series(sglang), _rss_kib(pid)
+    connection = http.client.HTTPConnection("127.0.0.1", sglang.port, timeout=30)
+    statuses: collections.Counter[int] = collections.Counter()
+    start = time.monotonic()
+    for index in range(KEYLESS_REQUESTS):
+        connection.request("GET", ("/health", "/ready", "/metrics")[index % 3] + secrets.token_hex(8))
+        response = connection.getresponse()
+        response.read()
+        statuses[response.status] += 1
+    took = time.monotonic() - start
+    connection.close()
+    # Outside the open prefixes: SGLang's own 401 without the key, the guard's 404 with it; neither labelled.
+    unknown = "/no-such-route-" + secrets.token_hex(4)
+    assert sglang.request(unknown, key=None)[0] == 401
+    assert sglang.request(unknown, key=API_KEY)[0] == 404
+    time.sleep(1)
+    after, rss_after = _series(sglang), _rss_kib(pid)
+    new = sorted(after - before)
+    print(f"{KEYLESS_REQUESTS} keyless requests in {took:.1f} s ({KEYLESS_REQUESTS / took:.0f}/s): {dict(statuses)}; "
+          f"/metrics series {len(before)} -> {len(after)} (new: {new[:5]}); SGLang's HTTP server RSS "
+          f"{rss_before} KiB -> {rss_after} KiB ({rss_after - rss_before:+d} KiB)")
+    assert statuses == {404: KEYLESS_REQUESTS}, statuses
+    assert [series for series in new if "endpoint=" in series] == [], new[:20]
+    assert len(new) <= 5, new  # a process metric that appears with time (the detokenizer's CPU seconds), no more
+    assert rss_after - rss_before < 16 * 1024, (rss_before, rss_after)
+
+
+def test_sglang_elastic_ep_routes_take_the_api_key_while_elastic_ep_is_off(sglang: RealFrontEnd) -> None:
+    """Upstream behaviour the docs state: the elastic-EP routes are marked ADMIN_OPTIONAL (srt/entrypoints/
+    elastic_ep.py) but included through a router, whose match gives SGLang's key middleware no endpoint to read the
+    mark from (srt/utils/auth.py _get_auth_level_from_app_and_scope), so it treats them as ordinary routes: the API key
+    opens them, the admin key does not. With elastic EP off they answer 404 "not enabled"."""
+    assert sglang.request("/is_scaling_elastic_ep", key=None)[0] == 401
+    status, body = sglang.request("/is_scaling_elastic_ep", key=API_KEY)
+    assert status == 404 and b"elastic EP is not enabled" in body, body
+    assert sglang.request("/is_scaling_elastic_ep", key=ADMIN_KEY)[0] == 401
+    status, body = sglang.request("/scale_elastic_ep", {"new_ep_size": 2}, key=API_KEY)
+    assert status == 404 and b"elastic EP is not enabled" in body, body
+
+
+def _route_probes():
+    spec = importlib.util.spec_from_file_location("route_probes", REPO_ROOT / "plugins" / "filter" / "route_probes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ADMIN_ROUTES = yaml.safe_load((REPO_ROOT / "roles" / "sglang" / "files" / "admin_routes.yml").read_text())["post"]
+
+
+def test_the_sglang_roles_admin_route_list_is_the_real_apps(sglang: RealFrontEnd) -> None:
+    """roles/sglang/files/admin_routes.yml (what verify asks without a key) is every POST route of the real app that
+    SGLang's key middleware treats as admin and that validates a required request model first; the probe's body is
+    refused there (400 or 422, with the admin key) before any handler runs, so asking them changes nothing even where
+    a key check failed."""
+    rows = json.loads(sglang.routes_file.read_text())
+    marked = [row for row in rows if row["auth_level"] != "normal"]
+    safe = sorted({row["path"] for row in marked if "POST" in row["methods"] and not row["included"]
+                   and "{" not in row["path"] and row["body_required"]})
+    assert safe == ADMIN_ROUTES
+    assert sorted(row["path"] for row in marked if row["included"]) == ["/is_scaling_elastic_ep", "/scale_elastic_ep"]
+    send, admin = load_library_module("engine_requests").send, {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for probe in _route_probes().admin_route_probes({}, ADMIN_ROUTES, 30):
+        answer = send(sglang.base_url, admin, {"keep_json": [], **probe, "auth": True})
+        assert answer["status"] in (400, 422), (probe["path"], answer["status"], answer["msg"])
+
+
+def test_a_key_in_a_query_string_is_refused_and_never_logged(engine: RealFrontEnd) -> None:
+    """Neither engine reads a key from the query string, and uvicorn's access log writes the request target as sent:
+    the roles put a filter on uvicorn's loggers (SGLang: its logging.json; vLLM: the middleware) that replaces the
+    query string. The captured stdout and stderr are what the journal gets."""
+    assert engine.request(f"/v1/models?api_key={API_KEY}", key=None)[0] == 401
+    status, _ = engine.request(f"/v1/chat/completions?key={API_KEY}&x=1", {
+        "model": engine.served_name, "messages": [{"role": "user", "content": "What is 1 + 2?"}], "max_tokens": 4},
+        key=None)
+    assert status == 401
+    _wait_for_log(engine, "/v1/chat/completions?<redacted>", timeout_s=30)
+    log = engine.log_text()
+    assert "/v1/models?<redacted>" in log
+    assert API_KEY not in log
+
+
+def test_vllm_alone_writes_a_query_string_key_to_its_access_log(vllm_alone: RealFrontEnd) -> None:
+    """Why the filter exists: vLLM 0.33.0's uvicorn access log (uvicorn/protocols/http/h11_impl.py,
+    get_path_with_query_string) writes the key a client put in the query string. The day this fails, it does not."""
+    assert vllm_alone.request(f"/v1/models?api_key={API_KEY}", key=None)[0] == 401
+    _wait_for_log(vllm_alone, f"/v1/models?api_key={API_KEY}", timeout_s=30)
+
+
+def test_sglang_request_dumps_hold_no_key(sglang: RealFrontEnd, tmp_path: Path) -> None:
+    """SGLang's request dumps (/configure_logging dump_requests_folder, an admin route) and crash dumps pickle
+    TokenizerManager._server_args_for_dump(), the ServerArgs record with both keys unless a watermark is set
+    (srt/managers/tokenizer_manager.py); the plugin makes it the redacted resolved dictionary."""
+    folder = tmp_path / "dumps"
+    configure = {"dump_requests_folder": str(folder), "dump_requests_threshold": 1}
+    assert sglang.request("/configure_logging", configure, key=ADMIN_KEY)[0] == 200
+    try:
+        assert sglang.chat("What is 2 + 5?", thinking=False)[0] == 200
+        deadline = time.monotonic() + 30
+        while not list(folder.glob("*.pkl")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)  # written by a background thread: let it finish
+    finally:
+        assert sglang.request("/configure_logging", {"dump_requests_folder": ""}, key=ADMIN_KEY)[0] == 200
+    dumps = list(folder.glob("*.pkl"))
+    assert dumps, "SGLang wrote no request dump"
+    data = b"".join(path.read_bytes() for path in dumps)
+    assert b"server_args" in data and b"<redacted>" in data
+    assert API_KEY.encode() not in data and ADMIN_KEY.encode() not in data
+
+
+@pytest.fixture(scope="module")
+def sglang_keyless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFrontEnd]:
+    """SGLang without an API key, with an admin key: as the sglang role runs it on loopback without sglang_api_key."""
+    front_end = RealFrontEnd(engine_python("sglang"), tmp_path_factory.mktemp("sglang-keyless"), "real-keyless",
+                             "sglang", admin_api_key=ADMIN_KEY)
+    try:
+        print(f"keyless sglang front end ready in {front_end.wait_ready():.1f} s")
+        yield front_end
+    finally:
+        front_end.stop()
+
+
+def test_sglang_alone_reflects_any_origin_with_credentials(sglang: RealFrontEnd) -> None:
+    """Upstream behaviour the guard answers where no key is set: SGLang's CORS middleware (srt/entrypoints/
+    http_server.py: every origin, credentials, every method and header) lets a foreign page's preflight through."""
+    status, headers, _ = _raw(sglang, "OPTIONS", "/v1/chat/completions", {
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})
+    assert status == 200, headers
+    assert headers.get("access-control-allow-origin") == "http://evil.example", headers
+    assert headers.get("access-control-allow-credentials") == "true", headers
+
+
+def test_sglang_without_a_key_refuses_a_foreign_origin_and_a_foreign_host(sglang_keyless: RealFrontEnd) -> None:
+    port = sglang_keyless.port
+    chat = json.dumps({"model": sglang_keyless.served_name, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "What is 3 + 4?"}]}).encode()
+    json_type = {"Content-Type": "application/json"}
+    before = _engine_requests(sglang_keyless)
+    # a cross-origin page: its request and its preflight
+    assert _raw(sglang_keyless, "POST", "/v1/chat/completions", {**json_type, "Origin": "http://evil.example"},
+                chat)[0] == 403
+    assert _raw(sglang_keyless, "OPTIONS", "/v1/chat/completions", {
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})[0] == 403
+    assert _raw(sglang_keyless, "GET", "/v1/models", {"Origin": "null"})[0] == 403
+    # a DNS-rebinding page: its own host name, the engine's port
+    assert _raw(sglang_keyless, "POST", "/v1/chat/completions", {**json_type, "Host": f"evil.example:{port}"},
+                chat)[0] == 403
+    assert _raw(sglang_keyless, "GET", "/v1/models", {"Host": "evil.example"})[0] == 403
+    assert _engine_requests(sglang_keyless) == before  # none of them reached generation
+    # loopback, as the roles' clients and verify ask
+    assert _raw(sglang_keyless, "GET", "/v1/models", {})[0] == 200
+    assert _raw(sglang_keyless, "GET", "/v1/models", {"Host": f"localhost:{port}"})[0] == 200
+    assert _raw(sglang_keyless, "GET", "/v1/models", {"Origin": f"http://127.0.0.1:{port}"})[0] == 200
+    status, _, body = _raw(sglang_keyless, "POST", "/v1/chat/completions", json_type, chat)
+    assert status == 200 and b'"choices"' in body, body[:300]
+
+
+def test_sglang_without_a_key_its_admin_routes_refuse_verifys_probe(sglang_keyless: RealFrontEnd) -> None:
+    """verify's no-key probe of the admin routes (roles/verify/tasks/smoke.yml), which runs with an API key set or
+    not, on the real app: the route table read without a key, each admin route it lists asked without one."""
+    engine_requests, route_probes = load_library_module("engine_requests"), _route_probes()
+    table = engine_requests.send(sglang_keyless.base_url, {}, {
+        "name": "routes", "path": "/openapi.json", "method": "GET", "auth": False, "timeout": 30,
+        "keep_json": ["paths"]})
+    probes = route_probes.admin_route_probes(table, ADMIN_ROUTES, 30)
+    assert [probe["path"] for probe in probes] == ADMIN_ROUTES  # the real table lists every one
+    answers = {probe["path"]: engine_requests.send(sglang_keyless.base_url, {}, {"keep_json": [], **probe})
+               for probe in probes}
+    assert route_probes.routes_not_refused(answers) == []
+
+
+def test_sglang_without_a_key_server_info_holds_no_key(sglang_keyless: RealFrontEnd) -> None:
+    """verify's credential check: the answer is searched for every secret (here the admin key, which verify's module
+    reads from the unit on a host), whatever key the request sent (none)."""
+    answer = load_library_module("engine_requests").send(sglang_keyless.base_url, {}, {
+        "name": "server_info", "path": "/server_info", "method": "GET", "auth": False, "timeout": 30,
+        "keep_json": ["version"]}, [ADMIN_KEY])
+    assert answer["status"] == 200 and answer["holds_secrets"] is False, answer
 
 
 # --- parity: the light double against the real front end ----------------------------------------------------------

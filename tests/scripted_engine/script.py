@@ -188,14 +188,31 @@ class Script:
 
 # --- the route table ---------------------------------------------------------------------------------------------
 def route_rows(app) -> list[dict]:
-    """The built app's route table, without calling anything: path, methods, route kind, endpoint function."""
+    """The built app's route table, without calling anything: path, methods, route kind, endpoint function, the auth
+    level the endpoint is marked with (SGLang's `@auth_level`, srt/utils/auth.py; "normal" when unmarked), whether
+    the route is reached through an included router, and whether it validates a required request body before its
+    handler runs. FastAPI 0.165 (SGLang's venv) keeps an included router as one
+    `_IncludedRouter` entry of `app.routes`, with no path of its own: its routes are listed from its
+    `effective_route_contexts()`, as the router matches them (SGLang's elastic-EP routes are included so)."""
     rows = []
     for route in app.routes:
-        endpoint = getattr(route, "endpoint", None)
-        rows.append({"path": getattr(route, "path", None), "methods": sorted(getattr(route, "methods", None) or []),
-                     "kind": type(route).__name__,
-                     "endpoint": f"{endpoint.__module__}.{endpoint.__qualname__}" if endpoint else None})
+        if hasattr(route, "effective_route_contexts"):
+            rows += [_route_row(context, context.endpoint, included=True)
+                     for context in route.effective_route_contexts()]
+        else:
+            rows.append(_route_row(route, getattr(route, "endpoint", None), included=False))
     return rows
+
+
+def _route_row(route, endpoint, *, included: bool) -> dict:
+    level = getattr(endpoint, "_auth_level", None)
+    original = getattr(route, "original_route", None) or route
+    body = getattr(original, "body_field", None)  # FastAPI: the request model a POST route validates first
+    return {"path": getattr(route, "path", None) or None, "methods": sorted(getattr(route, "methods", None) or []),
+            "kind": type(original).__name__,
+            "endpoint": f"{endpoint.__module__}.{endpoint.__qualname__}" if endpoint else None,
+            "auth_level": str(getattr(level, "value", level) or "normal"), "included": included,
+            "body_required": bool(body is not None and body.field_info.is_required())}
 
 
 def write_route_table(app, path: str | None = None) -> None:
