@@ -23,6 +23,8 @@ ROLE_TURNS_ON = {
     ("model_store_retries", "model_fetch.retries"): "more resumes in the role's long downloads",
     ("model_store_slice_s", "model_fetch.slice_s"): "the role reports progress per slice; one call by default",
     ("model_store_reserve_bytes", "model_fetch.reserve_bytes"): "10 GiB kept free; no reserve in the module",
+    ("gpu_release_shm_patterns", "gpu_release.shm_patterns"):
+        "the module's names and every engine's own of the engine roster, which the module on the host cannot read",
 }
 
 

@@ -359,6 +359,7 @@ def test_shm_removes_the_engines_own_stale_entries_named_by_the_roster(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["sgl_shm_mm_77_deadbeef", "sglang_loads_held_0badf00d.shm", "sglang_other"]
     module_default = gpu_release.ARGUMENT_SPEC["shm_patterns"]["default"]
     assert {"sgl_shm_*", "sglang_loads_*"} <= set(role_shm_patterns()) - set(module_default)
+    assert set(module_default) <= set(role_shm_patterns()), "the role passes at least what the module would remove"
 
 
 def test_shm_owner_and_check_mode(tmp_path):
