@@ -121,9 +121,10 @@ def test_health_is_polled_only_by_engine_wait():
                 tasks_with_health.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert waits, "engine_wait tasks must be found (the rule would be empty otherwise)"
     assert tasks_with_health == [], tasks_with_health
-    # Code that runs inside the engine's own process (vLLM's auth middleware, which leaves /health open) serves the
-    # route; it does not poll it.
-    in_engine = {REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py"}
+    # Code that runs inside the engine's own process (vLLM's auth middleware, which leaves /health open; SGLang's
+    # guard, which bounds the paths under it) serves the route; it does not poll it.
+    in_engine = {REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py",
+                 REPO / "roles" / "sglang" / "files" / "bws_sglang_guard.py"}
     polling = [str(p.relative_to(REPO)) for p in SHIPPED_PYTHON if p.name != "engine_wait.py" and p not in in_engine
                and any("/health" in line for line in code_lines(p))]
     assert polling == [], f"/health is polled by plugins/modules/engine_wait.py only: {polling}"

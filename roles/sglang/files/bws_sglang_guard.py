@@ -62,9 +62,7 @@ METRICS_TARGET = "sglang.srt.observability.http_request_metrics.add_http_request
 AUTH_TARGET = "sglang.srt.utils.auth.add_api_key_middleware"
 KEY_FIELDS = frozenset({"api_key", "admin_api_key"})
 # The paths SGLang's key middleware lets through without a key (srt/utils/auth.py decide_request_auth, by prefix).
-# Spelled from their names: this code serves those paths inside the engine and polls none, and the repository rule
-# that only engine_wait polls the health route reads path literals.
-OPEN_PREFIXES = tuple(f"/{name}" for name in ("health", "ready", "metrics"))
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 NOT_FOUND = (404, {"detail": "Not Found"})  # FastAPI's own answer to a path no route matches
 FORBIDDEN = (403, {"error": "Forbidden"})  # the shape of SGLang's own refusals (srt/utils/auth.py)
