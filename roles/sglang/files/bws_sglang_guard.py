@@ -238,8 +238,8 @@ class KeylessGuard:
 
     def _routes(self) -> list[Any]:
         """The app's routes, as SGLang's key middleware reads them (srt/utils/auth.py)."""
-        return getattr(getattr(self.fastapi_app, "router", None), "routes", None) or getattr(self.fastapi_app,
-                                                                                              "routes", [])
+        router = getattr(self.fastapi_app, "router", None)
+        return getattr(router, "routes", None) or getattr(self.fastapi_app, "routes", [])
 
     def open_paths(self, routes: list[Any]) -> frozenset[str]:
         """The app's own route paths under the open prefixes (a mount's with its trailing slash too); the routes are

@@ -51,7 +51,6 @@ class RedactApiKeys(logging.Filter):
         return True
 
 
-
 def redact_query(target: str) -> str:
     """A request target with its query string, whatever it holds, replaced: `/v1/models?<redacted>`."""
     path, question, _ = target.partition("?")
