@@ -78,11 +78,11 @@ class EngineModel(NamedTuple):
 
     flags: tuple[str, ...]  # the profile's switches that change what it sets
     switches: tuple[str, ...]  # environment variables that turn on its own peer-to-peer all-reduce
-    process_environment: Any  # (env, flags) -> the NCCL/CUDA variables it sets before its first NCCL call
+    process_environment: Any  # (env, flags, world_size) -> the NCCL/CUDA variables it sets before its first NCCL call
     peer_all_reduce: Any  # (env) -> which of its peer-to-peer all-reduces env turns on, or None
 
 
-NO_ENGINE = EngineModel((), (), lambda env, flags: {}, lambda env: None)
+NO_ENGINE = EngineModel((), (), lambda env, flags, world_size=1: {}, lambda env: None)
 
 
 def load_engine_model(path: str | None) -> EngineModel:
@@ -108,9 +108,10 @@ def proof_environment(env: dict[str, str], engine_prefixes: tuple[str, ...] = ()
             if k.startswith((*ENV_PREFIXES, *engine_prefixes)) and not any(word in k for word in SECRET_WORDS)}
 
 
-def engine_environment(model: EngineModel, env: dict[str, str], flags: list[str]) -> dict[str, str]:
-    """What the engine sets in its own process before its first NCCL call, given the environment it starts with."""
-    return dict(model.process_environment(dict(env), list(flags)))
+def engine_environment(model: EngineModel, env: dict[str, str], flags: list[str], world_size: int) -> dict[str, str]:
+    """What the engine sets in its own process before its first NCCL call, given the environment it starts with and
+    the number of ranks (SGLang's NCCL_GRAPH_REGISTER=0 applies only to more than one)."""
+    return dict(model.process_environment(dict(env), list(flags), world_size))
 
 
 def ipc_reason(model: EngineModel, env: dict[str, str], custom_all_reduce: bool) -> str | None:
@@ -315,7 +316,7 @@ STEPS = {"bf16 small messages": bf16_messages, "cuda graph all_reduce": graph_al
 def run_rank(args: argparse.Namespace) -> int:
     workdir, rank, world = Path(args.workdir), args.rank, args.world_size
     # As the engine does, in its own process and before anything loads NCCL.
-    applied = engine_environment(args.model, dict(os.environ), args.engine_flags)
+    applied = engine_environment(args.model, dict(os.environ), args.engine_flags, world)
     os.environ.update(applied)
     seen = {k: os.environ.get(k) for k in applied}
     write_progress(workdir, rank, "importing torch", engine_environment=seen)
@@ -581,7 +582,7 @@ def prove(args: argparse.Namespace) -> dict[str, Any]:
                               "engine": args.engine, "engine_flags": args.engine_flags,
                               "custom_all_reduce": args.custom_all_reduce,
                               "engine_environment": engine_environment(args.model, dict(os.environ),
-                                                                       args.engine_flags),
+                                                                       args.engine_flags, args.world_size),
                               "peer_to_peer_all_reduce": ipc_reason(args.model, dict(os.environ),
                                                                     args.custom_all_reduce),
                               "steps": {name: why or "runs" for name, why in step_plan(args, dict(os.environ))}}

@@ -337,27 +337,27 @@ ENGINE_MODELS = {name: str(REPO / "roles" / name / "files" / "interconnect_engin
 def test_the_engine_sets_its_nccl_environment_in_the_ranks_as_its_own_code_does():
     script = load_script()
     sglang, vllm = (script.load_engine_model(ENGINE_MODELS[name]) for name in ("sglang", "vllm"))
-    assert script.engine_environment(sglang, {}, []) == {
+    assert script.engine_environment(sglang, {}, [], 1) == {
         "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
     # Where the unit sets them SGLang keeps them, except CUDA_DEVICE_MAX_CONNECTIONS, which it always sets.
     assert script.engine_environment(sglang, {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1",
-                                              "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, []) == {
+                                              "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, [], 1) == {
         "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
-    nvls = script.engine_environment(sglang, {"NCCL_NVLS_ENABLE": "0"}, ["enable-nccl-nvls"])
+    nvls = script.engine_environment(sglang, {"NCCL_NVLS_ENABLE": "0"}, ["enable-nccl-nvls"], 1)
     assert nvls["NCCL_NVLS_ENABLE"] == "1"
-    assert script.engine_environment(sglang, {"NCCL_CUMEM_ENABLE": "0"}, ["enable-symm-mem"]) == {
+    assert script.engine_environment(sglang, {"NCCL_CUMEM_ENABLE": "0"}, ["enable-symm-mem"], 1) == {
         "NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
-    assert script.engine_environment(vllm, {}, []) == {}, "vLLM 0.33.0 sets none on its default CUDA path"
-    assert script.engine_environment(vllm, {"VLLM_BATCH_INVARIANT": "1"}, [])["NCCL_PROTO"] == "Simple"
-    assert script.engine_environment(script.NO_ENGINE, {}, []) == {}
+    assert script.engine_environment(vllm, {}, [], 1) == {}, "vLLM 0.33.0 sets none on its default CUDA path"
+    assert script.engine_environment(vllm, {"VLLM_BATCH_INVARIANT": "1"}, [], 1)["NCCL_PROTO"] == "Simple"
+    assert script.engine_environment(script.NO_ENGINE, {}, [], 1) == {}
     assert script.load_engine_model("") is script.NO_ENGINE
 
 
 def test_sglang_turns_nccl_graph_buffer_registration_off_when_its_graphs_may_capture_collectives():
     """SGLang 0.5.23 sets NCCL_GRAPH_REGISTER=0 where unset when more than one rank may capture a collective in a CUDA
     graph (srt/arg_groups/parallel_hook.py): not for one rank, not with every phase's graph off, never over the
-    unit's own value. The proof script passes no world size to the model (it calls process_environment(env,
-    flags)), so its ranks get what SGLang sets for one rank."""
+    unit's own value. The proof script passes its world size to the model, so its ranks get what SGLang sets for that
+    many (the sglang role passes the graph switches among the engine flags)."""
     model = load_model(ENGINE_MODELS["sglang"])
     base = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
     assert model.process_environment({}, [], 8) == {**base, "NCCL_GRAPH_REGISTER": "0"}
@@ -371,7 +371,9 @@ def test_sglang_turns_nccl_graph_buffer_registration_off_when_its_graphs_may_cap
     script = load_script()
     sglang = script.load_engine_model(ENGINE_MODELS["sglang"])
     assert {"disable-cuda-graph", "disable-decode-cuda-graph", "disable-prefill-cuda-graph"} <= set(sglang.flags)
-    assert script.engine_environment(sglang, {}, ["disable-cuda-graph"]) == base
+    assert script.engine_environment(sglang, {}, ["disable-cuda-graph"], 8) == base
+    assert script.engine_environment(sglang, {}, [], 8) == {**base, "NCCL_GRAPH_REGISTER": "0"}
+    assert script.engine_environment(sglang, {}, [], 1) == base
 
 
 def test_vllms_flashinfer_pcie_ipc_all_reduce_is_a_peer_to_peer_switch_of_its_own():
