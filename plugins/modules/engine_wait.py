@@ -23,7 +23,13 @@ description:
     its cgroup v2 C(io.stat), or, where the unit has none, C(read_bytes) of C(/proc/<pid>/io) of its
     processes); more GPU memory held by its processes than ever before in this wait (nvidia-smi's compute
     apps, read every 5 s; it grows as the model is created on the GPUs, the KV cache allocated, CUDA graphs
-    captured). A source that cannot be read is reported with the reason and never counted.
+    captured); more CPU time used or bytes written by a compiler in the unit's cgroup (a process whose
+    C(/proc/<pid>/comm) or argv[0] is ninja, nvcc, cicc, ptxas, cc1plus, gcc ... as a kernel build on first
+    use runs them, silently: SGLang's JIT kernels, FlashInfer's, vLLM's torch.compile and Triton). A compiler
+    that is alive but idle is not progress. A source that cannot be read is reported with the reason and never
+    counted.
+  - With stall detection the result says how long the start compiled (C(compile)) - from the first compiler
+    seen to the last compiler progress - and the CPU seconds the compilers used.
     Lines matching I(progress_ignore) are the engine's echo of these very probes (access log lines of
     C(/health), SGLang's "Health check failed") or say that it is still waiting (vLLM's "No available shared
     memory broadcast block found", logged every 60 s while a worker hangs) and are not progress; a slow 503 is
@@ -58,8 +64,8 @@ options:
   stall_timeout_s:
     description: >-
       Fail when the unit showed no progress (no journal line other than I(progress_ignore) ones, no bytes read,
-      no new high of GPU memory) for this many seconds while not ready. 0 turns stall detection off. Needs
-      I(unit), systemd and its journal.
+      no new high of GPU memory, no compiler at work) for this many seconds while not ready. 0 turns stall
+      detection off. Needs I(unit), systemd and its journal.
     type: float
     default: 0
   nvidia_smi:
@@ -127,8 +133,8 @@ progress:
   contains:
     last_source:
       description: >-
-        The sources that showed the last progress (C(journal), C(io_stat), C(proc_io), C(gpu_memory)); empty
-        while none did.
+        The sources that showed the last progress (C(journal), C(io_stat), C(proc_io), C(gpu_memory),
+        C(compilers)); empty while none did.
       type: list
       elements: str
     longest_silent_s:
@@ -139,9 +145,45 @@ progress:
     sources:
       description: >-
         Per source - C(read) (whether its last read succeeded), C(value) (progress lines seen, bytes read,
-        MiB of GPU memory held), C(counts) (what the value counts), C(problem) (why it was not read),
-        C(silent_s) (since it last grew) and C(longest_silent_s) (the longest time it did not grow in this wait).
+        MiB of GPU memory held, ms of compiler CPU), C(counts) (what the value counts), C(problem) (why it was
+        not read), C(silent_s) (since it last grew) and C(longest_silent_s) (the longest time it did not grow in
+        this wait).
       type: dict
+compile:
+  description: >-
+    What the compilers of the unit's cgroup did during the wait, with stall detection (empty without) - how long the
+    start compiled, for example SGLang's or vLLM's kernels built on first use.
+  type: dict
+  returned: always
+  contains:
+    seen:
+      description: Whether a compiler process was seen in the unit's cgroup.
+      type: bool
+    first_seen_s:
+      description: Seconds from the first poll to the first compiler seen (null when none was).
+      type: float
+    last_progress_s:
+      description: Seconds from the first poll to the last look at which a compiler had worked (null when none did).
+      type: float
+    compile_s:
+      description: Seconds from the first compiler seen to the last compiler progress.
+      type: float
+    cpu_s:
+      description: CPU seconds (user and system) the compilers used while they were watched.
+      type: float
+    processes:
+      description: Compiler processes seen.
+      type: int
+    names:
+      description: Their names (comm or argv[0]).
+      type: list
+      elements: str
+    working_now:
+      description: Compilers that worked since the look before the last.
+      type: int
+    silent_s:
+      description: Seconds since the last compiler progress, at the end (null when none made any).
+      type: float
 unit_state:
   description: >-
     The unit's ActiveState/SubState/Result/NRestarts/MainPID/ExecMainStatus/ControlGroup at the end, when I(unit)
@@ -163,7 +205,13 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.blackwell.serving.plugins.module_utils.engine.progress import Source, UnitView, sample, sources
+from ansible_collections.blackwell.serving.plugins.module_utils.engine.progress import (
+    Compilers,
+    Source,
+    UnitView,
+    sample,
+    sources,
+)
 from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import journal_tail, unit_properties
 from ansible_collections.blackwell.serving.plugins.module_utils.secrets.redact import redact
 
@@ -314,6 +362,11 @@ class Wait:
         return {"last_source": self.last_source, "longest_silent_s": round(longest, 3),
                 "sources": {source.name: source.report(now) for source in self.sources}}
 
+    def compile(self) -> dict:
+        """The compile report (CompileReport), offsets from the wait's start; empty without stall detection."""
+        compilers = next((source for source in self.sources if isinstance(source, Compilers)), None)
+        return compilers.compile_report(self.start, time.monotonic()) if compilers is not None else {}
+
     def stall_reason(self, last_status: str) -> str | None:
         if self.journal is None or self.silent_s() < self.stall_s:
             return None
@@ -321,9 +374,11 @@ class Wait:
         others = "; ".join(source.describe(now) for source in self.sources[1:])
         return (f"stalled: {self.params['unit']} wrote no journal line and was not ready for "
                 f"{self.silent_s():.1f} s (stall timeout {self.stall_s:g} s; last answer: {last_status}), nor read "
-                f"bytes or took more GPU memory ({others}; last progress: {', '.join(self.last_source) or 'none'}). "
-                f"A running engine that neither logs, reads its weights, fills its GPUs nor answers is stuck, not "
-                f"loading (for example a generation deadlock: SGLang's /health then answers 503 after its own timeout)")
+                f"bytes, took more GPU memory or had a compiler at work ({others}; last progress: "
+                f"{', '.join(self.last_source) or 'none'}). A running engine that neither logs, reads its weights, "
+                f"fills its GPUs, compiles nor answers is stuck, not loading (for example a generation deadlock: "
+                f"SGLang's /health then answers 503 after its own timeout; or a kernel build whose compiler lives "
+                f"but no longer works)")
 
     def timeout_reason(self, last_status: str) -> str | None:
         if time.monotonic() < self.deadline:
@@ -353,6 +408,7 @@ def wait(module: AnsibleModule) -> None:
         if last_status == str(params["status"]):
             module.exit_json(changed=False, elapsed_s=round(current.elapsed(), 3), stalled=False,
                              silent_s=round(current.silent_s(), 3), progress=current.progress(),
+                             compile=current.compile(),
                              test_double=TEST_DOUBLE_HEADER in headers, **result)
         state = read_unit(unit)
         current.note_progress(state)
@@ -363,7 +419,8 @@ def wait(module: AnsibleModule) -> None:
                        (journal_tail(unit, params["journal_lines"], timeout=SYSTEMD_READ_S) if unit else [])]
             module.fail_json(msg=f"{params['url']}: {reason}", elapsed_s=round(current.elapsed(), 3),
                              stalled=stall is not None and reason == stall, silent_s=round(current.silent_s(), 3),
-                             progress=current.progress(), journal=journal, **{**result, "unit_state": state})
+                             progress=current.progress(), compile=current.compile(), journal=journal,
+                             **{**result, "unit_state": state})
         current.pause()
 
 

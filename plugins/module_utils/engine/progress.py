@@ -16,6 +16,18 @@ its GPUs. Each source reads a counter that grows only while the engine does such
   cache, CUDA graphs), not during a weight load. Read at most every GPU_SAMPLE_S seconds, each call killed after
   GPU_READ_S.
 
+- ``compilers``: kernel builds, which are silent. SGLang 0.5.23 builds most of its kernels on first use (about 210
+  ``load_jit(`` call sites under sglang/kernels/ops), serially, inside the first forward, and logs them only at debug
+  level (sglang/kernels/jit/utils/compile/loader.py; ``SGLANG_JIT_LOG_RESOURCE_USAGE=1`` logs each build,
+  sglang/kernels/jit/utils/compile/ninja.py, whose ninja gives up after 1800 s a build); FlashInfer's JIT modules
+  (its ``sampling`` module at the first sampled request) and vLLM's torch.compile and Triton builds run compilers
+  too. GPU memory is flat and little is read from disk meanwhile, so no other source moves. Progress is a process
+  of the unit's cgroup named as a compiler (COMPILERS: its /proc/<pid>/comm or the basename of its argv[0]) whose CPU
+  time (utime + stime of /proc/<pid>/stat, readable by any user) or bytes written (write_bytes of /proc/<pid>/io,
+  where readable) grew since the last look; a live but idle compiler (a wedged build) is not progress. It also
+  keeps the compile report (CompileReport): when a compiler was first seen, when one last made progress, and the CPU
+  seconds they used.
+
 Both byte counters count what reaches the block layer: a read served from the page cache counts in neither (a
 warm start reads nothing from disk, and is quick).
 """
@@ -39,6 +51,17 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_ROOT = "/proc"
 GPU_SAMPLE_S = 5.0
 GPU_READ_S = 10.0
+# The processes of a kernel build, by /proc/<pid>/comm (15 characters at most) or argv[0]'s basename: ninja, which
+# SGLang's (sglang/kernels/jit/utils/compile/ninja.py) and FlashInfer's JIT builds and torch's cpp_extension run;
+# nvcc and what it runs for each .cu file (gcc's cc1plus as host preprocessor and compiler, cudafe++, cicc, ptxas,
+# fatbinary, nvlink, the assembler and linker); Triton's ptxas (its backends/nvidia/bin/ptxas*) and the C compiler
+# it builds its launchers with; torch.compile's (inductor's) C++ compiler. A Python compile worker (inductor's
+# compile_worker) is a python process and is not counted: its compiler children are.
+COMPILERS = frozenset({
+    "ninja", "nvcc", "cudafe++", "cicc", "ptxas", "ptxas-blackwell", "fatbinary", "nvlink", "nvprune",
+    "cc1plus", "cc1", "collect2", "as", "ld", "ld.bfd", "ld.gold", "ld.lld",
+    "cc", "c++", "gcc", "g++", "clang", "clang++", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++",
+})
 
 
 class UnavailableError(Exception):
@@ -200,8 +223,156 @@ class GpuMemory(Source):
         return grew
 
 
+def clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK")) or 100
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def compiler_name(pid: int) -> str | None:
+    """The compiler a process is (its comm, else argv[0]'s basename, in COMPILERS), or None."""
+    try:
+        with open(f"{PROC_ROOT}/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            comm = handle.read().strip()
+    except OSError:
+        return None
+    if comm in COMPILERS:
+        return comm
+    try:
+        with open(f"{PROC_ROOT}/{pid}/cmdline", "rb") as handle:
+            argv0 = handle.read().split(b"\0", 1)[0].decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    base = os.path.basename(argv0.split(None, 1)[0]) if argv0.strip() else ""
+    return base if base in COMPILERS else None
+
+
+def compiler_counters(pid: int) -> tuple[int, int, int | None] | None:
+    """(start time, utime + stime, write_bytes or None where /proc/<pid>/io is not readable) in clock ticks and
+    bytes; None when the process is gone."""
+    try:
+        with open(f"{PROC_ROOT}/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so the fields start after the last ")"
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        utime, stime, starttime = int(fields[11]), int(fields[12]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    written = None
+    try:
+        with open(f"{PROC_ROOT}/{pid}/io", encoding="ascii") as handle:
+            written = next((int(line.split()[1]) for line in handle if line.startswith("write_bytes:")), None)
+    except OSError:  # another user's process without ptrace rights: its CPU time still counts
+        pass
+    return starttime, utime + stime, written
+
+
+class CompileReport:
+    """What the compilers of a unit did while they were watched: first seen, last progress, CPU seconds."""
+
+    def __init__(self) -> None:
+        self.first_seen: float | None = None
+        self.last_progress: float | None = None
+        self.cpu_ticks = 0
+        self.names: set[str] = set()
+        self.processes = 0
+        self.working_now = 0
+
+    def report(self, start: float, now: float, ticks_per_s: int) -> dict:
+        """Offsets from `start` (the wait's or the request's), seconds."""
+        seen = self.first_seen is not None
+        return {"seen": seen,
+                "first_seen_s": round(self.first_seen - start, 3) if seen else None,
+                "last_progress_s": round(self.last_progress - start, 3) if self.last_progress is not None else None,
+                "compile_s": round((self.last_progress or self.first_seen or now) - (self.first_seen or now), 3),
+                "cpu_s": round(self.cpu_ticks / ticks_per_s, 2), "processes": self.processes,
+                "names": sorted(self.names), "working_now": self.working_now,
+                "silent_s": round(now - self.last_progress, 3) if self.last_progress is not None else None}
+
+    def describe(self, start: float, now: float, ticks_per_s: int) -> str:
+        if self.first_seen is None:
+            return "no compiler seen"
+        data = self.report(start, now, ticks_per_s)
+        last = (f"last progress {now - self.last_progress:.1f} s ago" if self.last_progress is not None
+                else "none made progress")
+        return (f"{data['processes']} compiler process(es) ({', '.join(data['names'])}) seen from "
+                f"{data['first_seen_s']:.1f} s, {data['compile_s']:.1f} s of compiling and {data['cpu_s']:g} CPU "
+                f"seconds, {last}")
+
+
+class Compilers(Source):
+    """Compilers of the unit's cgroup at work (see the module's docstring). The value is their CPU time in ms."""
+
+    name, what = "compilers", "ms of compiler CPU"
+
+    def __init__(self, start: float) -> None:
+        super().__init__(start)
+        self.ticks_per_s = clock_ticks()
+        # per process (pid, start time): [CPU ticks, write_bytes or None] at the last look
+        self.seen: dict[tuple[int, int], list] = {}
+        self.compile = CompileReport()
+        self.growth = False
+        self.looked = False
+
+    def read(self, unit: UnitView, budget_s: float) -> int:
+        now = time.monotonic()
+        try:
+            pids = unit.pids()
+        except UnavailableError:
+            pids = []  # no process, no compiler: not a reason to stop counting what exited
+        growth, working = False, 0
+        for pid in pids:
+            name = compiler_name(pid)
+            counters = compiler_counters(pid) if name else None
+            if counters is None:
+                continue
+            starttime, ticks, written = counters
+            key = (pid, starttime)
+            before = self.seen.get(key)
+            if self.compile.first_seen is None:
+                self.compile.first_seen = now
+            if before is None:
+                self.compile.processes += 1
+                self.compile.names.add(name)
+                # a compiler born since the last look that already worked is progress; at the first look, only
+                # the baseline
+                grew = self.looked and (ticks > 0 or bool(written))
+                self.compile.cpu_ticks += ticks
+            else:
+                grew = ticks > before[0] or (written is not None and before[1] is not None and written > before[1])
+                self.compile.cpu_ticks += max(0, ticks - before[0])
+            self.seen[key] = [ticks, written]
+            if grew:
+                working += 1
+            growth = growth or grew
+        self.looked = True
+        self.growth = growth
+        self.compile.working_now = working
+        if growth:
+            self.compile.last_progress = now
+        return self.compile.cpu_ticks * 1000 // self.ticks_per_s
+
+    def grew(self, value: int) -> bool:
+        return self.growth
+
+    def compile_report(self, start: float, now: float) -> dict:
+        return self.compile.report(start, now, self.ticks_per_s)
+
+    def describe(self, now: float) -> str:
+        if self.problem is not None:
+            return f"{self.name}: {self.problem}"
+        if self.compile.first_seen is None:
+            return f"{self.name}: none in the unit's cgroup"
+        return (f"{self.name}: {self.compile.cpu_ticks / self.ticks_per_s:g} CPU seconds, last worked "
+                f"{now - self.last_growth:.1f} s ago ({self.compile.working_now} working now)")
+
+
 def sources(start: float, nvidia_smi: str) -> list[Source]:
-    return [IoStat(start), ProcIo(start), GpuMemory(start, nvidia_smi)]
+    return [IoStat(start), ProcIo(start), GpuMemory(start, nvidia_smi), Compilers(start)]
 
 
 def sample(progress: list[Source], now: float, unit: UnitView, budget_s: float) -> list[str]:

@@ -396,3 +396,109 @@ def test_io_stat_sums_the_bytes_read_of_every_device(tmp_path, monkeypatch):
     assert source.read(bws_progress.UnitView("/system.slice/sglang.service"), 1.0) == 1024
     with pytest.raises(bws_progress.UnavailableError, match="the unit has no control group"):
         source.read(bws_progress.UnitView(""), 1.0)
+
+
+# ---------------------------------------------------------------- compilers at work
+# A kernel build on first use (SGLang's load_jit, FlashInfer's JIT, vLLM's torch.compile and Triton) is silent: no
+# journal line, no bytes read, flat GPU memory. Its compilers' CPU time (/proc/<pid>/stat utime + stime) and bytes
+# written (/proc/<pid>/io write_bytes) are the progress; here they are written by a thread into the fake procfs.
+COMPILER_PID, ENGINE_BUSY_PID = 5151, 4343
+
+
+class FakeProcess:
+    """/proc/<pid>/{comm,cmdline,stat,io} of one process of the unit, its CPU ticks and written bytes growing while
+    `work_for` lasts."""
+
+    def __init__(self, root: Path, pid: int, comm: str, argv0: str, starttime: int = 9000) -> None:
+        self.dir = root / "proc" / str(pid)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "comm").write_text(comm + "\n")
+        (self.dir / "cmdline").write_bytes(argv0.encode() + b"\0--out\0/cache/x.so\0")
+        self.pid, self.comm, self.starttime = pid, comm, starttime
+        self.ticks, self.written = 0, 0
+        self.write()
+
+    def write(self) -> None:
+        # proc(5): pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+        # cutime cstime priority nice threads itrealvalue starttime ...
+        utime, stime = self.ticks * 3 // 4, self.ticks - self.ticks * 3 // 4
+        (self.dir / "stat").write_text(f"{self.pid} ({self.comm}) R 1 {self.pid} {self.pid} 0 -1 4194304 10 0 0 0 "
+                                       f"{utime} {stime} 0 0 20 0 1 0 {self.starttime} 1000 100\n")
+        (self.dir / "io").write_text(f"rchar: 0\nwchar: {self.written}\nsyscr: 0\nsyscw: 0\nread_bytes: 0\n"
+                                     f"write_bytes: {self.written}\ncancelled_write_bytes: 0\n")
+
+    def work_for(self, seconds: float, ticks: int = 10, written: int = 0) -> None:
+        def run() -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                self.ticks += ticks
+                self.written += written
+                self.write()
+                time.sleep(0.1)
+
+        threading.Thread(target=run, daemon=True).start()
+
+
+def in_unit(root: Path, *pids: int) -> None:
+    procs = root / "cgroup" / "unified" / CONTROL_GROUP.strip("/") / "cgroup.procs"
+    procs.write_text("".join(f"{pid}\n" for pid in (ENGINE_PID, *pids)))
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_an_idle_compiler_alive_longer_than_the_stall_timeout_is_a_stall(endpoint, capsys, host_counters):
+    """A wedged kernel build: the compiler lives (its process is there for the whole wait) but uses no CPU and
+    writes nothing. It is not progress: the wait stalls at the stall timeout, and says a compiler was there."""
+    Counters(host_counters, "hybrid")
+    FakeProcess(host_counters, COMPILER_PID, "cicc", "cicc", starttime=7).work_for(0.0)
+    in_unit(host_counters, COMPILER_PID)
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
+                             interval_s=0.2, nvidia_smi="")
+    assert code == 1 and result["stalled"] is True, result["msg"]
+    assert 1.5 <= took <= 1.5 * 1.1 + 0.3
+    assert result["compile"]["seen"] is True and result["compile"]["names"] == ["cicc"]
+    assert result["compile"]["last_progress_s"] is None and result["compile"]["cpu_s"] == 0
+    assert result["progress"]["last_source"] == []
+    assert "had a compiler at work" in result["msg"] and "compilers: 0 CPU seconds" in result["msg"]
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_a_working_compiler_keeps_the_start_alive_and_its_compile_time_is_reported(endpoint, capsys, host_counters):
+    """A compiler that burns CPU for 3 s (twice the stall timeout) keeps the wait going; when it stops, the stall
+    clock runs from its last progress. The result says how long the start compiled and the CPU seconds."""
+    Counters(host_counters, "hybrid")
+    compiler = FakeProcess(host_counters, COMPILER_PID, "cicc", "cicc")
+    in_unit(host_counters, COMPILER_PID)
+    compiler.work_for(3.0, ticks=10)
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.5,
+                             interval_s=0.2, nvidia_smi="")
+    assert code == 1 and result["stalled"] is True, result["msg"]
+    assert 2.8 + 1.5 <= took <= 3.0 + 1.5 * 1.1 + 0.5, took
+    assert result["progress"]["last_source"] == ["compilers"]
+    report = result["compile"]
+    assert report["seen"] and report["names"] == ["cicc"] and report["processes"] == 1
+    assert 2.3 <= report["compile_s"] <= 3.2, report  # the first look is the baseline: from then to the last work
+    assert report["cpu_s"] == pytest.approx(compiler.ticks / bws_progress.clock_ticks(), abs=0.11)
+    assert result["progress"]["sources"]["compilers"]["counts"] == "ms of compiler CPU"
+
+
+@pytest.mark.parametrize("endpoint", [("slow503", 0.05)], indirect=True)
+def test_only_compilers_count_and_they_are_known_by_argv0_or_comm(endpoint, capsys, host_counters):
+    """The engine's own busy Python process is no compiler (its CPU is not progress); a compiler is known by its
+    comm or by argv[0]'s basename (nvcc given as a path, comm cut to 15 characters); bytes it writes count too."""
+    Counters(host_counters, "hybrid")
+    FakeProcess(host_counters, ENGINE_BUSY_PID, "python3", "/usr/bin/python3").work_for(6.0, ticks=50)
+    nvcc = FakeProcess(host_counters, COMPILER_PID, "some (odd) name", "/usr/local/cuda/bin/nvcc")
+    in_unit(host_counters, ENGINE_BUSY_PID, COMPILER_PID)
+    nvcc.work_for(2.0, ticks=0, written=4096)  # writes only: an object file growing
+    code, result, took = run(capsys, url=endpoint, unit="vllm.service", timeout_s=30, stall_timeout_s=1.2,
+                             interval_s=0.2, nvidia_smi="")
+    assert code == 1 and result["stalled"] is True, result["msg"]
+    assert 1.8 + 1.2 <= took <= 2.0 + 1.2 * 1.1 + 0.5, took
+    assert result["compile"]["names"] == ["nvcc"] and result["compile"]["cpu_s"] == 0
+
+
+def test_compiler_names_are_those_a_cuda_build_runs():
+    for name in ("ninja", "nvcc", "cicc", "ptxas", "fatbinary", "nvlink", "cudafe++", "cc1plus", "gcc", "ld"):
+        assert name in bws_progress.COMPILERS
+    for name in ("python3", "sglang::scheduler", "VLLM::EngineCor"):
+        assert name not in bws_progress.COMPILERS
