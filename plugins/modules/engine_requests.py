@@ -16,6 +16,13 @@ description:
     C(skipped) true, so a broken endpoint is not also asked for a generation that can take minutes to time out.
   - Each request has its own timeout; one that ends without an answer has C(status) -1 and a C(msg) that says
     C(timed out).
+  - With I(compile_unit), a request's timeout runs from the later of its start and the last progress of a compiler
+    in that unit's cgroup (a process named as a compiler - ninja, nvcc, cicc, ptxas, cc1plus, gcc ... - whose CPU
+    time or bytes written grew since the last look, every 0.25 s; an idle compiler is not progress). An engine
+    builds kernels on first use, silently, inside the request that first needs them (with EAGLE-3 speculation
+    SGLang's first sampled request builds FlashInfer's C(sampling) module and SGLang's
+    C(tree_speculative_sampling_target_only), 90-110 s on 16 cores): such a request fails only when its timeout
+    has passed since the compilers stopped working, so a long compile passes and a hang after it still fails.
   - I(headers) (the API key) is never logged. I(keep_json) keeps only some top-level keys of an answer (SGLang's
     C(/server_info) echoes its launch command, API key included).
   - Each answer says whether its body holds a secret (C(holds_secrets)) - the bearer token its request sent, any of
@@ -73,6 +80,12 @@ options:
         type: list
         elements: str
         default: []
+  compile_unit:
+    description:
+      - A systemd unit whose compilers at work extend each request's timeout (see above); empty, or a unit without a
+        control group here, extends none (the answer's C(compilers.problem) says why).
+    type: str
+    default: ""
   secrets:
     description: Values no answer may hold (C(holds_secrets)); never logged.
     type: list
@@ -117,7 +130,10 @@ results:
   description: >-
     The answer per request name - status, msg, json, elapsed_s, skipped, url, echoes_credentials (whether the
     body holds the bearer token the request sent), holds_secrets (whether it holds that token or any other secret
-    looked for), and the response headers as top-level keys.
+    looked for), and the response headers as top-level keys. With I(compile_unit) also compile_wait_s (how long the
+    request waited on compilers - from the first compiler progress seen during it to the last; 0 when none) and
+    compilers (C(seen), C(first_seen_s) and C(last_progress_s) from the request's start, C(compile_s), C(cpu_s),
+    C(processes), C(names), C(extended_s) - how far its bound moved past its own timeout - and C(problem)).
   type: dict
   returned: always
 secrets_looked_for:
@@ -134,17 +150,50 @@ unit_secrets_found:
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.blackwell.serving.plugins.module_utils.engine.progress import Compilers, UnitView
+from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import unit_properties
 from ansible_collections.blackwell.serving.plugins.module_utils.secrets.redact import secret_forms
 from ansible_collections.blackwell.serving.plugins.module_utils.secrets.unit_secrets import (
     UnitSecretsError,
     unit_secrets,
 )
+
+# How often a request that waits looks at the unit's compilers: a request fails at most this much after its bound
+# (against the 10 % of a smoke timeout of a few seconds).
+COMPILER_LOOK_S = 0.25
+SYSTEMD_READ_S = 5.0
+
+
+class CompileWatch:
+    """The compilers of a unit's cgroup (progress.Compilers), read while a request waits."""
+
+    def __init__(self, unit: str) -> None:
+        self.unit = unit
+        self.control_group = ""
+        self.problem: str | None = None
+        if not unit:
+            self.problem = "no compile_unit given"
+            return
+        # an empty answer where systemd does not run here or does not answer in time
+        self.control_group = unit_properties(unit, ("ControlGroup",), timeout=SYSTEMD_READ_S).get("ControlGroup", "")
+        if not self.control_group:
+            self.problem = f"{unit} has no control group here (it does not run)"
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+    def start(self, now: float) -> Compilers:
+        compilers = Compilers(now)
+        compilers.sample(now, UnitView(self.control_group), COMPILER_LOOK_S)  # the baseline
+        return compilers
 
 
 def header_keys(headers: Any) -> dict[str, str]:
@@ -161,19 +210,10 @@ def parsed(body: bytes, keep: list[str]) -> Any:
     return value
 
 
-def send(base_url: str, headers: dict[str, str], request: dict[str, Any], secrets: list[str] | None = None
-         ) -> dict[str, Any]:
-    url = base_url.rstrip("/") + request["path"]
-    data = None
-    send_headers = dict(headers) if request["auth"] else {}
-    if request.get("body") is not None:
-        data = json.dumps(request["body"]).encode()
-        send_headers["Content-Type"] = "application/json"
-    http = urllib.request.Request(url, data=data, method=request["method"], headers=send_headers)
-    start = time.monotonic()
-    answer: dict[str, Any] = {"url": url, "skipped": False}
+def exchange(http: urllib.request.Request, timeout: float | None, answer: dict[str, Any]) -> bytes:
+    """Send one request; its status, msg and headers into `answer`; the body."""
     try:
-        with urllib.request.urlopen(http, timeout=request["timeout"]) as response:
+        with urllib.request.urlopen(http, timeout=timeout) as response:
             body = response.read()
             answer.update(status=response.status, msg=f"OK ({len(body)} bytes)", **header_keys(response.headers))
     except urllib.error.HTTPError as error:
@@ -184,6 +224,68 @@ def send(base_url: str, headers: dict[str, str], request: dict[str, Any], secret
         timed_out = isinstance(reason, (socket.timeout, TimeoutError)) or "timed out" in str(reason)
         body = b""
         answer.update(status=-1, msg=f"Request failed: {'timed out' if timed_out else reason}")
+    return body
+
+
+def exchange_watching_compilers(http: urllib.request.Request, timeout: float, answer: dict[str, Any],
+                                watch: CompileWatch) -> bytes:
+    """Send one request whose bound is `timeout` from the later of its start and the last compiler progress.
+
+    The request runs in a thread without a socket timeout (a compile inside it sends nothing for minutes); this
+    thread looks at the compilers every COMPILER_LOOK_S and gives up when the bound has passed, leaving the
+    connection to end with the module."""
+    start = time.monotonic()
+    compilers = watch.start(start)
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["body"] = exchange(http, None, box.setdefault("answer", {}))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    bound = start + timeout
+    while not done.wait(max(0.0, min(COMPILER_LOOK_S, bound - time.monotonic()))):
+        now = time.monotonic()
+        view = UnitView(watch.control_group)  # its processes read afresh at each look
+        if compilers.sample(now, view, COMPILER_LOOK_S):
+            bound = max(bound, now + timeout)
+        if now >= bound:
+            break
+    now = time.monotonic()
+    report = compilers.compile_report(start, now)
+    first_work = compilers.compile.first_work
+    report.update(extended_s=round(max(0.0, bound - (start + timeout)), 3), problem=None)
+    answer["compilers"] = report
+    answer["compile_wait_s"] = round(compilers.compile.last_progress - first_work, 3) \
+        if compilers.compile.last_progress is not None and first_work is not None else 0.0
+    if done.is_set():
+        answer.update(box["answer"])
+        return box.get("body", b"")
+    answer.update(status=-1, msg=f"Request failed: timed out ({timeout:g} s after "
+                                 f"{'the last compiler progress' if report['extended_s'] else 'its start'})")
+    return b""
+
+
+def send(base_url: str, headers: dict[str, str], request: dict[str, Any], secrets: list[str] | None = None,
+         watch: CompileWatch | None = None) -> dict[str, Any]:
+    url = base_url.rstrip("/") + request["path"]
+    data = None
+    send_headers = dict(headers) if request["auth"] else {}
+    if request.get("body") is not None:
+        data = json.dumps(request["body"]).encode()
+        send_headers["Content-Type"] = "application/json"
+    http = urllib.request.Request(url, data=data, method=request["method"], headers=send_headers)
+    start = time.monotonic()
+    answer: dict[str, Any] = {"url": url, "skipped": False}
+    if watch is not None and watch.usable:
+        body = exchange_watching_compilers(http, request["timeout"], answer, watch)
+    else:
+        body = exchange(http, request["timeout"], answer)
+        if watch is not None:
+            answer.update(compile_wait_s=0.0, compilers={"seen": False, "problem": watch.problem})
     answer["elapsed_s"] = round(time.monotonic() - start, 3)
     answer["echoes_credentials"] = echoes_credentials(body, send_headers)
     answer["holds_secrets"] = answer["echoes_credentials"] or holds_secret(body, secrets or [])
@@ -222,6 +324,7 @@ def main() -> None:
                 "expect": {"type": "list", "elements": "int", "default": []},
                 "keep_json": {"type": "list", "elements": "str", "default": []},
             }},
+            "compile_unit": {"type": "str", "default": ""},
             "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
             "secrets_of_unit": {"type": "str", "default": "", "no_log": False},
             "secret_flags": {"type": "list", "elements": "str", "default": [], "no_log": False},
@@ -237,6 +340,7 @@ def main() -> None:
     except UnitSecretsError as error:
         module.fail_json(msg=f"cannot read the secrets of {module.params['secrets_of_unit']}, so its answers cannot "
                              f"be searched for them: {error}")
+    watch = CompileWatch(module.params["compile_unit"]) if module.params["compile_unit"] else None
     results: dict[str, Any] = {}
     stopped = ""
     for request in module.params["requests"]:
@@ -244,7 +348,7 @@ def main() -> None:
             results[request["name"]] = {"skipped": True, "status": None, "json": None,
                                         "msg": f"not sent: {stopped} answered unexpectedly"}
             continue
-        answer = send(module.params["base_url"], module.params["headers"], request, secrets)
+        answer = send(module.params["base_url"], module.params["headers"], request, secrets, watch)
         results[request["name"]] = answer
         if request["expect"] and answer["status"] not in request["expect"]:
             stopped = request["name"]

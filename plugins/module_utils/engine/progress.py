@@ -276,6 +276,7 @@ class CompileReport:
 
     def __init__(self) -> None:
         self.first_seen: float | None = None
+        self.first_work: float | None = None
         self.last_progress: float | None = None
         self.cpu_ticks = 0
         self.names: set[str] = set()
@@ -354,6 +355,8 @@ class Compilers(Source):
         self.compile.working_now = working
         if growth:
             self.compile.last_progress = now
+            if self.compile.first_work is None:
+                self.compile.first_work = now
         return self.compile.cpu_ticks * 1000 // self.ticks_per_s
 
     def grew(self, value: int) -> bool:
