@@ -32,8 +32,30 @@ Environment (all optional):
                               unguarded-route (vLLM flavour: /invocations answers without the key, as vLLM
                               0.33.0 alone does; the deploy's middleware is what refuses it) |
                               unguarded-server-info (SGLang flavour: /server_info returns api_key and
-                              admin_api_key, as SGLang 0.5.23 alone does; the deploy's plugin is what blanks them)
+                              admin_api_key, as SGLang 0.5.23 alone does; the deploy's plugin is what blanks them) |
+                              compile-stall (a kernel build stops working after ENGINE_DOUBLE_COMPILE_STALL_AFTER_S:
+                              its compiler lives, idle, and the start or the request waits on it for ever) |
+                              hang-after-compile (every sampled generation blocks for ever once its kernels are built:
+                              a sampler that hangs after its compile)
     ENGINE_DOUBLE_START_S     seconds /health answers 503 before it is ready (default 0.5)
+    ENGINE_DOUBLE_COMPILE_START_S    seconds of kernel build at start, before the HTTP server listens (default 0:
+                              none), with an empty kernel cache: the compiler TEST DOUBLE runs silently (see
+                              compile_on_first_use). SGLang 0.5.23 builds most kernels on first use (about 210
+                              `load_jit(` call sites under sglang/kernels/ops), serially, inside the first forward
+                              (warm-up, CUDA-graph capture), logged at debug level only
+                              (sglang/kernels/jit/utils/compile/loader.py); vLLM's torch.compile, Triton and CUDA-graph
+                              capture are as silent
+    ENGINE_DOUBLE_COMPILE_SAMPLED_S  seconds of kernel build at the first SAMPLED generation (temperature > 0; a
+                              greedy one never builds), with an empty cache (default 0: none). With EAGLE-3, SGLang's
+                              first sampled request builds FlashInfer's `sampling` module (top_k/top_p_renorm_prob, a
+                              lazy import in sglang/kernels/ops/sampling/renorm.py) and SGLang's
+                              tree_speculative_sampling_target_only (sglang/kernels/ops/speculative/sampling.py);
+                              /health and the warm-up are greedy
+    ENGINE_DOUBLE_COMPILE_STALL_AFTER_S  with compile-stall: seconds of work before the build wedges (default 1)
+    ENGINE_DOUBLE_KERNEL_CACHE  the kernel cache (default: the service user's, as the engine's: SGLang 0.5.23
+                              ~/.cache/sglang/jit, sglang/kernels/jit/utils/compile/cache.py; vLLM 0.33.0
+                              ~/.cache/vllm, VLLM_CACHE_ROOT in vllm/envs.py); a module found there is not built again
+    ENGINE_DOUBLE_COMPILER    the compiler TEST DOUBLE (default: compiler_double.py beside this file)
     ENGINE_DOUBLE_FIRST_REQUEST_S  extra seconds of the first generation with slow-first-request (default 10)
     SGLANG_HEALTH_CHECK_TIMEOUT    SGLang flavour: seconds /health waits for its generation (default 20,
                               as SGLang 0.5.23 srt/entrypoints/http_server.py)
@@ -57,6 +79,7 @@ Stdlib only: it runs inside the systemd test hosts with the distribution's pytho
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -71,7 +94,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 DOUBLE_MARKER = "ENGINE TEST DOUBLE (not an engine)"
 VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
 FAULTS = ("none", "crash-at-start", "hang", "ignore-sigterm", "crash-after-ready", "deadlock-on-generate",
-          "garbage-output", "slow-first-request", "unguarded-route", "unguarded-server-info")
+          "garbage-output", "slow-first-request", "unguarded-route", "unguarded-server-info", "compile-stall",
+          "hang-after-compile")
+# Where the engines keep the kernels they build on first use, under the service user's home: SGLang 0.5.23
+# sglang/kernels/jit/utils/compile/cache.py (SGLANG_JIT_CACHE_DIR or ~/.cache/sglang/jit), vLLM 0.33.0 vllm/envs.py
+# (VLLM_CACHE_ROOT, ~/.cache/vllm, where its torch.compile cache lives).
+KERNEL_CACHE = {"sglang": "~/.cache/sglang/jit", "vllm": "~/.cache/vllm"}
 # The POST routes the double serves, in its /openapi.json (FastAPI's, as both engines serve it): a few of the real
 # tables (the contract tests' parity check reads the real ones). vLLM 0.33.0 entrypoints/serve/sagemaker/
 # api_router.py registers /invocations; SGLang 0.5.23 srt/entrypoints/http_server.py /abort_request.
@@ -161,6 +189,7 @@ class Engine:
         self.aborts: set[threading.Event] = set()  # one per request in flight; /abort_request sets them all
         self.request_log = os.environ.get("ENGINE_DOUBLE_REQUEST_LOG") or None
         self.gpu_files: list = []  # stand-in GPU device files held open while the double lives (hold_gpus)
+        self.kernels = KernelBuilds(flavour, self.fault)
 
     def log_request(self, path: str, request: dict) -> None:
         """One line per generation request (ENGINE_DOUBLE_REQUEST_LOG): what the tests check a client sent."""
@@ -200,6 +229,16 @@ class Engine:
             threading.Event().wait()
         if first and self.fault == "slow-first-request":
             time.sleep(self.first_request_s)
+
+    def sampled_generation(self, request: dict) -> None:
+        """A sampled request (temperature > 0) builds the sampling kernels on first use; with hang-after-compile it
+        then never generates. Greedy requests skip the sampler (SGLang srt/layers/sampler.py is_all_greedy)."""
+        temperature = request.get("temperature")
+        if temperature is None or float(temperature) <= 0:
+            return
+        self.kernels.build("sampling", self.kernels.sampled_s)
+        if self.fault == "hang-after-compile":
+            threading.Event().wait()
 
     def thinks(self, request: dict) -> bool:
         """Whether the served model thinks for this chat request (see THINKING_BY_DEFAULT)."""
@@ -318,6 +357,44 @@ class Engine:
                 for pos, n in enumerate(self.accepted_per_pos)
             ]
         return "\n".join(lines) + "\n"
+
+
+class KernelBuilds:
+    """Kernels built on first use by the compiler TEST DOUBLE (tests/doubles/compiler_double.py): a silent, CPU-bound
+    process named cicc in a process group of its own, as SGLang's ninja (sglang/kernels/jit/utils/compile/ninja.py)
+    and FlashInfer's JIT run their compilers; a module already in the cache is not built again. One build at a time,
+    as SGLang builds serially; a second request that needs the module waits on the first's build."""
+
+    def __init__(self, flavour: str, fault: str) -> None:
+        self.cache = os.path.expanduser(os.environ.get("ENGINE_DOUBLE_KERNEL_CACHE") or KERNEL_CACHE[flavour])
+        self.start_s = float(os.environ.get("ENGINE_DOUBLE_COMPILE_START_S", "0"))
+        self.sampled_s = float(os.environ.get("ENGINE_DOUBLE_COMPILE_SAMPLED_S", "0"))
+        self.stall_after = (float(os.environ.get("ENGINE_DOUBLE_COMPILE_STALL_AFTER_S", "1"))
+                            if fault == "compile-stall" else None)
+        self.compiler = os.environ.get("ENGINE_DOUBLE_COMPILER") or os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "compiler_double.py")
+        self.lock = threading.Lock()
+
+    def _compiler(self):
+        """compiler_double.py, loaded from its file: the engine double is installed alone (a wheel, the sandbox's
+        copy), so the file is found beside it or where ENGINE_DOUBLE_COMPILER says."""
+        spec = importlib.util.spec_from_file_location("compiler_double", self.compiler)
+        if spec is None or spec.loader is None or not os.path.exists(self.compiler):
+            raise SystemExit(f"engine-double: no compiler double at {self.compiler} (set ENGINE_DOUBLE_COMPILER)")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def build(self, module: str, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        target = os.path.join(self.cache, f"{module}.so")
+        with self.lock:
+            if os.path.exists(target):
+                return
+            job = self._compiler().start(target, seconds, stall_after=self.stall_after)
+            if job.wait() != 0:
+                raise RuntimeError(f"engine-double: the build of {target} failed ({job.returncode})")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -499,6 +576,7 @@ class Handler(BaseHTTPRequestHandler):
         prompt_tokens = max(1, len(prompt.split()))
         thinking = chat and engine.thinks(request)
         words, reasoning_words = engine.output_words(prompt, max_tokens, thinking)
+        engine.sampled_generation(request)
         engine.start_generation()
         produced, seconds = engine.generate(prompt_tokens, min(max_tokens, len(words)))
         reply = Reply(words[:produced], min(reasoning_words, produced),
@@ -764,6 +842,10 @@ def main(argv: list[str]) -> int:
         print("engine-double: simulated crash during model load", file=sys.stderr, flush=True)
         return 1
     engine.gpu_files = hold_gpus(options)
+    # The first forward (warm-up, CUDA-graph capture) builds its kernels before the HTTP server serves, silently.
+    engine.kernels.build("start", engine.kernels.start_s)
+    if engine.kernels.start_s:
+        engine.ready_at = max(engine.ready_at, time.monotonic())
     if engine.fault == "ignore-sigterm":
         signal.signal(signal.SIGTERM, lambda *_: print("engine-double: ignoring SIGTERM", flush=True))
     elif flavour == "sglang" and not int(options.get("node-rank") or 0):
