@@ -27,7 +27,24 @@ Faults (SCRIPTED_ENGINE_FAULT), as the light double has them (tests/doubles/engi
     slow-first-request    the first generation waits SCRIPTED_ENGINE_FIRST_REQUEST_S first
     sampler-hang          a sampled generation (temperature > 0) blocks for ever, and with it the scheduler; greedy
                           ones are served (FlashInfer's top-k/top-p sampler hanging a CUDA stream on SM120,
-                          vllm#43885: greedy decoding never calls the sampler)
+                          vllm#43885: greedy decoding never calls the sampler). With SCRIPTED_ENGINE_COMPILE_SAMPLED_S
+                          it hangs after its kernels are built: a sampler that hangs after its compile
+    compile-stall         a kernel build (below) stops working after SCRIPTED_ENGINE_COMPILE_STALL_AFTER_S (default
+                          1): its compiler lives, idle, and the start or the generation waits on it for ever
+Kernels built on first use, silently, by the compiler TEST DOUBLE (tests/doubles/compiler_double.py: a process named
+cicc in a process group of its own, as SGLang's ninja runs its compilers, sglang/kernels/jit/utils/compile/ninja.py),
+with an empty kernel cache only (SCRIPTED_ENGINE_KERNEL_CACHE; default the service user's, as the engine's: SGLang
+0.5.23 ~/.cache/sglang/jit, sglang/kernels/jit/utils/compile/cache.py; vLLM 0.33.0 ~/.cache/vllm, vllm/envs.py):
+    SCRIPTED_ENGINE_COMPILE_START_S    seconds of build before the backend reports ready (default 0: none): SGLang
+                          0.5.23 builds most kernels on first use (about 210 `load_jit(` call sites under
+                          sglang/kernels/ops), serially, inside the first forward, logged at debug level only
+                          (sglang/kernels/jit/utils/compile/loader.py); vLLM's torch.compile, Triton and CUDA-graph
+                          capture are as silent
+    SCRIPTED_ENGINE_COMPILE_SAMPLED_S  seconds of build at the first sampled generation (default 0: none): with
+                          EAGLE-3, SGLang's first sampled request builds FlashInfer's `sampling` module (a lazy import
+                          in sglang/kernels/ops/sampling/renorm.py) and SGLang's tree_speculative_sampling_target_only
+                          (sglang/kernels/ops/speculative/sampling.py); greedy generations never build
+    SCRIPTED_ENGINE_COMPILER           the compiler double (default: tests/doubles/compiler_double.py of this tree)
 Speed: SCRIPTED_ENGINE_TOKENS_PER_S (decode steps per second of one sequence, default 400); with speculation
 each step yields 1 + the accepted draft tokens (SCRIPTED_ENGINE_ACCEPT_RATE per position, default 0.6) and
 costs SCRIPTED_ENGINE_SPEC_COST plain steps (default 1.3). SCRIPTED_ENGINE_START_S: load time (default 0).
@@ -45,7 +62,9 @@ import time
 from dataclasses import dataclass, field
 
 FAULTS = ("none", "crash-at-start", "never-ready", "startup-hang", "slow-load", "deadlock-on-generate",
-          "garbage-output", "slow-first-request", "sampler-hang")
+          "garbage-output", "slow-first-request", "sampler-hang", "compile-stall")
+KERNEL_CACHE = {"sglang": "~/.cache/sglang/jit", "vllm": "~/.cache/vllm"}
+COMPILER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "doubles", "compiler_double.py")
 # slow-load: the bytes of one read, and the pause between reads.
 LOAD_READ_BYTES, LOAD_PAUSE_S = 1 << 20, 0.2
 ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
@@ -89,9 +108,15 @@ class Script:
     accept_rate: float = 0.6
     spec_cost: float = 1.3
     speculative_steps: int = 0
+    compile_start_s: float = 0.0
+    compile_sampled_s: float = 0.0
+    compile_stall_after_s: float = 1.0
+    kernel_cache: str = ""
+    compiler: str = ""
     seed: int = 0
     _generations: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _build_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -100,7 +125,7 @@ class Script:
         self.rng = random.Random(self.seed)
 
     @classmethod
-    def from_env(cls, speculative_steps: int = 0, env: dict[str, str] | None = None) -> Script:
+    def from_env(cls, speculative_steps: int = 0, env: dict[str, str] | None = None, engine: str = "sglang") -> Script:
         env = dict(os.environ if env is None else env)
         return cls(fault=env.get("SCRIPTED_ENGINE_FAULT", "none") or "none",
                    start_s=_env_float(env, "SCRIPTED_ENGINE_START_S", 0.0),
@@ -112,7 +137,12 @@ class Script:
                    tokens_per_s=_env_float(env, "SCRIPTED_ENGINE_TOKENS_PER_S", 400.0),
                    accept_rate=_env_float(env, "SCRIPTED_ENGINE_ACCEPT_RATE", 0.6),
                    spec_cost=_env_float(env, "SCRIPTED_ENGINE_SPEC_COST", 1.3),
-                   speculative_steps=speculative_steps)
+                   speculative_steps=speculative_steps,
+                   compile_start_s=_env_float(env, "SCRIPTED_ENGINE_COMPILE_START_S", 0.0),
+                   compile_sampled_s=_env_float(env, "SCRIPTED_ENGINE_COMPILE_SAMPLED_S", 0.0),
+                   compile_stall_after_s=_env_float(env, "SCRIPTED_ENGINE_COMPILE_STALL_AFTER_S", 1.0),
+                   kernel_cache=os.path.expanduser(env.get("SCRIPTED_ENGINE_KERNEL_CACHE") or KERNEL_CACHE[engine]),
+                   compiler=env.get("SCRIPTED_ENGINE_COMPILER") or COMPILER)
 
     # --- start-up -------------------------------------------------------------------------------------------
     def on_start(self, log=None) -> None:
@@ -130,6 +160,7 @@ class Script:
                 log(STARTUP_HANG_WARNING.format(interval=interval))
         if self.fault == "slow-load":
             self.slow_load()
+        self.build_kernels("start", self.compile_start_s)
         if self.start_s > 0:
             time.sleep(self.start_s)
 
@@ -144,6 +175,22 @@ class Script:
                 time.sleep(LOAD_PAUSE_S)
         return done
 
+    def build_kernels(self, module: str, seconds: float) -> float:
+        """Build a module with the compiler double unless the kernel cache has it (blocking, one build at a time, as
+        SGLang builds serially inside its forward); the seconds it took."""
+        if seconds <= 0:
+            return 0.0
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("compiler_double", self.compiler)
+        if spec is None or spec.loader is None or not os.path.exists(self.compiler):
+            raise SystemExit(f"scripted engine: no compiler double at {self.compiler} (SCRIPTED_ENGINE_COMPILER)")
+        compiler = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(compiler)
+        stall = self.compile_stall_after_s if self.fault == "compile-stall" else None
+        with self._build_lock:
+            return compiler.build(os.path.join(self.kernel_cache, f"{module}.so"), seconds, stall_after=stall)
+
     # --- generation -------------------------------------------------------------------------------------------
     def before_generate(self, sampled: bool = False) -> None:
         """Called before each generation: blocks for ever when deadlocked (or, for a sampled one, when the sampler
@@ -154,6 +201,8 @@ class Script:
         first = count == 1
         if self.fault == "deadlock-on-generate" and count > self.deadlock_after:
             threading.Event().wait()
+        if sampled:
+            self.build_kernels("sampling", self.compile_sampled_s)
         if self.fault == "sampler-hang" and sampled:
             threading.Event().wait()
         if first and self.fault == "slow-first-request":

@@ -119,7 +119,7 @@ class ScriptedEngineCoreClient(EngineCoreClient):
         self.num_spec_tokens = int(spec.num_speculative_tokens) if spec is not None else 0
         self.spec_metrics_level = getattr(vllm_config.observability_config, "per_request_spec_decode_metrics",
                                           "none") or "none"
-        self.script = Script.from_env(speculative_steps=self.num_spec_tokens)
+        self.script = Script.from_env(speculative_steps=self.num_spec_tokens, engine="vllm")
         self.max_model_len = vllm_config.model_config.max_model_len
 
         self._loop = asyncio.get_running_loop()
