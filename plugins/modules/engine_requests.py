@@ -21,7 +21,7 @@ description:
     time or bytes written grew since the last look, every 0.25 s; an idle compiler is not progress). An engine
     builds kernels on first use, silently, inside the request that first needs them (with EAGLE-3 speculation
     SGLang's first sampled request builds FlashInfer's C(sampling) module and SGLang's
-    C(tree_speculative_sampling_target_only), 90-110 s on 16 cores): such a request fails only when its timeout
+    C(tree_speculative_sampling_target_only), 90-110 s on 16 cores); such a request fails only when its timeout
     has passed since the compilers stopped working, so a long compile passes and a hang after it still fails.
   - I(headers) (the API key) is never logged. I(keep_json) keeps only some top-level keys of an answer (SGLang's
     C(/server_info) echoes its launch command, API key included).

@@ -25,7 +25,7 @@ description:
     apps, read every 5 s; it grows as the model is created on the GPUs, the KV cache allocated, CUDA graphs
     captured); more CPU time used or bytes written by a compiler in the unit's cgroup (a process whose
     C(/proc/<pid>/comm) or argv[0] is ninja, nvcc, cicc, ptxas, cc1plus, gcc ... as a kernel build on first
-    use runs them, silently: SGLang's JIT kernels, FlashInfer's, vLLM's torch.compile and Triton). A compiler
+    use runs them, silently - SGLang's JIT kernels, FlashInfer's, vLLM's torch.compile and Triton). A compiler
     that is alive but idle is not progress. A source that cannot be read is reported with the reason and never
     counted.
   - With stall detection the result says how long the start compiled (C(compile)) - from the first compiler
