@@ -84,14 +84,17 @@ def test_healthy_proof_passes_with_right_sums_and_reports_who_ran_it(shipped: Pa
     for rank in report["ranks"]:
         assert rank["finished"] and rank["step"] == "finished" and rank["returncode"] == 0
         assert [(r["mib"], r["wrong_elements"]) for r in rank["results"]] == [(1.0, 0), (4.0, 0)]
-        # SGLang's settings, set in the rank before torch: NVLS kept as the unit set it, the others added.
-        assert rank["engine_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_CUMEM_ENABLE": "0"}
+        # SGLang's settings, set in the rank before torch: NVLS kept as the unit set it, the others added; with three
+        # ranks and CUDA graphs on, graph buffer registration off (srt/arg_groups/parallel_hook.py).
+        assert rank["engine_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_CUMEM_ENABLE": "0",
+                                              "NCCL_GRAPH_REGISTER": "0"}
         assert [(s["step"], s["status"]) for s in rank["steps"]] == [
             ("bf16 small messages", "skipped"), ("cuda graph all_reduce", "skipped"),
             ("ipc peer-write all_reduce", "skipped")]
         assert all(s["reason"] == "skipped: needs the nccl backend on CUDA GPUs (gloo runs on the CPU)"
                    for s in rank["steps"])
-    assert report["engine_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_CUMEM_ENABLE": "0"}
+    assert report["engine_environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_CUMEM_ENABLE": "0",
+                                            "NCCL_GRAPH_REGISTER": "0"}
     assert report["peer_to_peer_all_reduce"] == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (FlashInfer PCIe IPC all-reduce)"
     assert report["environment"]["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"
     assert "VLLM_API_KEY" not in report["environment"] and "s3cr3t" not in proc.stdout
