@@ -1,0 +1,3 @@
+"""FLASHINFER TEST DOUBLE (tests/doubles/jit_packages_double): the pre-build's entry points only."""
+
+__version__ = "0.7.2"

@@ -1,0 +1,1 @@
+"""FLASHINFER TEST DOUBLE: flashinfer.jit."""

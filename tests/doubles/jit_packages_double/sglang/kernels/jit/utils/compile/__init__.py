@@ -1,0 +1,1 @@
+"""SGLANG TEST DOUBLE: sglang.kernels.jit.utils.compile."""
