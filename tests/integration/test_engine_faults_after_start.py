@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from tests.integration.engine_host import REPO, EngineHost
+from tests.integration.engine_host import REPO, EngineHost, podman
 from tests.integration.lifecycle_helpers import (
     CONTAINER_MARKS,
     assert_api_key_nowhere,
@@ -133,6 +133,98 @@ def test_an_interrupted_deploy_claims_nothing_serves_and_its_rerun_finishes_it_a
     assert len(releases_before) + 1 > 3 and len(releases) == 3, (releases_before, releases)
     assert state["current"] in releases and before["current"] in releases
 
+
+
+# ---------------------------------------------------------------- kernels built on first use
+# The engine double builds with the compiler TEST DOUBLE (tests/doubles/compiler_double.py, copied onto the host: the
+# double is installed alone), into a kernel cache of the unit's own (its CacheDirectory, a fresh folder per case, so
+# each starts cold). Small numbers: a 5 s smoke timeout, 6 s stall timeout, builds of 8 to 10 s.
+COMPILER_ON_HOST = "/usr/local/lib/bws-compiler-double.py"
+SMOKE_S, STALL_S = 5, 6
+
+
+def compiling(host: EngineHost, case: str, **env: str) -> dict:
+    """sglang_extra_environment of a deploy whose double builds kernels (ENGINE_DOUBLE_COMPILE_* as given)."""
+    podman("cp", str(REPO / "tests" / "doubles" / "compiler_double.py"), f"{host.name}:{COMPILER_ON_HOST}")
+    host.sh(f"chmod 0644 {COMPILER_ON_HOST}")
+    return {"ENGINE_DOUBLE_COMPILER": COMPILER_ON_HOST, "ENGINE_DOUBLE_KERNEL_CACHE": f"/var/cache/sglang/jit-{case}",
+            **env}
+
+
+def test_a_build_at_the_first_sampled_request_longer_than_the_smoke_timeout_passes_the_gate(host, runs):
+    """(a) A module outside any pre-build list, built at the first sampled request for 8 s against a 5 s smoke
+    timeout: the smoke's bound runs from the compiler's last progress, so the gate passes."""
+    before = host.state()["current"]
+    run = deploy(host, runs, "deploy_sglang.yml", verify_smoke_timeout_s=SMOKE_S,
+                 sglang_extra_environment=compiling(host, "sampled-ok", ENGINE_DOUBLE_COMPILE_SAMPLED_S="8"))
+    assert run.status == "successful", run.stdout[-3000:]
+    flat = " ".join(run.stdout.split())
+    waited = re.search(r"The sampled request waited (\d+\.\d+) s on kernel builds \((\d+\.?\d*) CPU seconds", flat)
+    assert waited, flat[-3000:]
+    assert 8 - 1.0 <= float(waited.group(1)) <= 8 + 0.5, waited.group(0)
+    assert host.state()["current"] != before and host.health() == 200
+    assert host.sh("ls /var/cache/sglang/jit-sampled-ok") == "sampling.so"
+    print(f"sampled build: the request waited {waited.group(1)} s on the compiler ({waited.group(2)} CPU s); "
+          f"smoke timeout {SMOKE_S} s")
+
+
+def test_a_sampler_that_hangs_after_its_build_fails_the_gate_within_the_bound_and_rolls_back(host, runs):
+    """(b) The sampler hangs once its 8 s build is done: the smoke fails within 5 s + 10 % of the build's end."""
+    before = host.state()["current"]
+    run = deploy(host, runs, "deploy_sglang.yml", verify_smoke_timeout_s=SMOKE_S,
+                 sglang_extra_environment=compiling(host, "sampled-hang", ENGINE_DOUBLE_COMPILE_SAMPLED_S="8",
+                                                    ENGINE_DOUBLE_FAULT="hang-after-compile"))
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    failed = re.search(r"timed out \(5 s after the last compiler progress\), after (\d+\.\d+) s\)", flat)
+    compiled = re.search(r"It compiled kernels for (\d+\.\d+) s during the request", flat)
+    assert failed and compiled, flat[-4000:]
+    after_build = float(failed.group(1)) - 8.0  # the build starts with the request and takes 8 s
+    assert SMOKE_S - 0.5 <= after_build <= SMOKE_S * 1.1 + 0.5, failed.group(0)  # +0.5: the build's own start
+    assert f"Rolled back: {before} is serving again" in flat
+    assert host.state()["current"] == before and host.health() == 200
+    print(f"sampler hang after an 8 s build: failed {after_build:.1f} s after the build ended (bound "
+          f"{SMOKE_S * 1.1:.1f} s); it compiled {compiled.group(1)} s")
+
+
+def test_a_build_that_stops_working_at_start_is_a_stall_and_rolls_back(host, runs):
+    """(c) The start-up build wedges after 2 s (its compiler lives, idle): caught within the stall timeout + 10 %."""
+    before = host.state()["current"]
+    since = float(host.sh("date +%s")) - 1
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_stall_timeout_s=STALL_S,
+                 sglang_extra_environment=compiling(host, "start-stall", ENGINE_DOUBLE_COMPILE_START_S="60",
+                                                    ENGINE_DOUBLE_FAULT="compile-stall",
+                                                    ENGINE_DOUBLE_COMPILE_STALL_AFTER_S="2"))
+    assert run.status == "failed"
+    flat = " ".join(run.stdout.split())
+    stall = re.search(r"stalled: sglang\.service wrote no journal line and was not ready for (\d+\.\d) s "
+                      r"\(stall timeout (\d+) s;", flat)
+    assert stall, flat[-4000:]
+    assert STALL_S <= float(stall.group(1)) <= STALL_S * 1.1, stall.group(0)
+    assert re.search(r"compilers: \d+(\.\d+)? CPU seconds, last worked \d+\.\d s ago \(0 working now\)", flat), \
+        flat[-4000:]
+    assert f"Rolled back: {before} is serving again" in flat
+    assert host.state()["current"] == before and host.health() == 200
+    failed_start = started_at(host, since)[-2]
+    print(f"start-up build wedged after 2 s: stalled {stall.group(1)} s after the last progress (bound "
+          f"{STALL_S * 1.1:.1f} s); the failed release started at {failed_start:.0f}")
+
+
+def test_a_working_build_longer_than_the_stall_timeout_passes_readiness(host, runs):
+    """(d) A 10 s start-up build against a 6 s stall timeout, the compiler at work throughout: ready, and the
+    summary says how long the start compiled."""
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_stall_timeout_s=STALL_S,
+                 sglang_extra_environment=compiling(host, "start-ok", ENGINE_DOUBLE_COMPILE_START_S="10"))
+    assert run.status == "successful", run.stdout[-3000:]
+    flat = " ".join(run.stdout.split())
+    summary = re.search(r"ready after (\d+\.\d+) s, at most (\d+\.\d+) s without progress \(stall timeout "
+                        r"\d+ s\), compiling kernels for (\d+\.\d+) s \((\d+\.?\d*) CPU seconds of cicc\)", flat)
+    assert summary, flat[-3000:]
+    ready_s, silent_s, compile_s = (float(summary.group(i)) for i in (1, 2, 3))
+    assert ready_s >= 10 and silent_s < STALL_S and 8.0 <= compile_s <= 10.5, summary.group(0)
+    assert host.health() == 200
+    print(f"start-up build of 10 s: ready after {ready_s} s, at most {silent_s} s without progress, compiled "
+          f"{compile_s} s ({summary.group(4)} CPU s)")
 
 
 def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact_of_the_failed_deploys(host, runs):
