@@ -217,6 +217,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         began = time.monotonic()
         if name == "flashinfer-sampling":
             entry = flashinfer_sampling(dry_run=args.dry_run, resolve=args.resolve)
+            if args.dry_run and report["reset"]:
+                entry["status"] = "would build"  # the workspace would be emptied first
         else:
             entry = sglang_speculative_sampling(arch=args.arch, vocab=vocab, dry_run=args.dry_run,
                                                 resolve=args.resolve)
