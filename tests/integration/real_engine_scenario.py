@@ -139,7 +139,7 @@ def sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host: EngineHost, r
     flat = " ".join(run.stdout.split())
     stuck = re.search(rf"did not generate within {SAMPLER_HANG_SMOKE_TIMEOUT_S} s: {engine} at \S+ reported ready, yet "
                       r"the sampled \(temperature 0\.6, top_p 0\.95\) smoke completion \(\d+ tokens at most\) got no "
-                      r"reply \(Request failed: timed out, after ([\d.]+) s\)", flat)
+                      r"reply \(Request failed: timed out[^,)]*\)?, after ([\d.]+) s\)", flat)
     assert stuck, flat[-3000:]
     greedy = re.search(r"or in the sampler: the greedy request was answered in ([\d.]+) s", flat)
     assert greedy, flat[-3000:]
@@ -246,7 +246,7 @@ def byte_source(result: dict) -> dict:
     """The byte counter engine_wait read (io.stat where the unit has one, else /proc/<pid>/io), the other saying why
     it was not read; no GPU memory claimed where there is no nvidia-smi."""
     sources = result["progress"]["sources"]
-    assert set(sources) == {"journal", "io_stat", "proc_io", "gpu_memory"}, sources
+    assert set(sources) == {"journal", "io_stat", "proc_io", "gpu_memory", "compilers"}, sources
     if sources["io_stat"]["read"]:
         assert sources["proc_io"]["problem"] == "not read: io.stat counts these bytes", sources["proc_io"]
         read = sources["io_stat"]
@@ -254,7 +254,10 @@ def byte_source(result: dict) -> dict:
         assert "the io controller is not enabled for it" in sources["io_stat"]["problem"], sources["io_stat"]
         read = sources["proc_io"]
     assert read["read"] is True and read["value"] is not None, sources
-    assert sources["gpu_memory"]["read"] is False and sources["gpu_memory"]["value"] is None, sources["gpu_memory"]
+    gpu = sources["gpu_memory"]
+    # Where the sandbox's simulated GPUs answer (the nvidia-smi TEST DOUBLE), the scripted engine holds none of them:
+    # read, 0 MiB, never a new high; elsewhere not read at all.
+    assert (gpu["read"] is False and gpu["value"] is None) or (gpu["read"] is True and gpu["value"] == 0), gpu
     return read
 
 

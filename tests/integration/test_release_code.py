@@ -50,7 +50,10 @@ def host(tmp_path_factory, locks):
     engine_host = EngineHost("bws-it-release-code", tmp_path_factory.mktemp("release-code-host"))
     engine_host.write_inventory(inventory_vars(
         engine_host, sglang_install=True, python_env_wheelhouse=str(locks["wheelhouse"]),
-        sglang_check_imports=["bws_engine_double"], sglang_min_free_mib=64))
+        sglang_check_imports=["bws_engine_double"], sglang_min_free_mib=64,
+        # The test locks install the engine double, no SGLang or ninja: there are no kernels to build ahead (the
+        # pre-build is proven in test_engine_prebuild.py).
+        sglang_prebuild=False))
     engine_host.boot()
     prepared = engine_host.run_playbook("tests/sandbox/prepare_host.yml")
     assert prepared.status == "successful", prepared.stdout[-2000:]
