@@ -221,7 +221,8 @@ def test_a_working_build_longer_than_the_stall_timeout_passes_readiness(host, ru
                         r"\d+ s\), compiling kernels for (\d+\.\d+) s \((\d+\.?\d*) CPU seconds of cicc\)", flat)
     assert summary, flat[-3000:]
     ready_s, silent_s, compile_s = (float(summary.group(i)) for i in (1, 2, 3))
-    assert ready_s >= 10 and silent_s < STALL_S and 8.0 <= compile_s <= 10.5, summary.group(0)
+    # engine_wait's clock starts a moment after the unit (and its build) did: ready a little before 10 s can be right.
+    assert ready_s >= 9.0 and silent_s < STALL_S and 8.0 <= compile_s <= 10.5, summary.group(0)
     assert host.health() == 200
     print(f"start-up build of 10 s: ready after {ready_s} s, at most {silent_s} s without progress, compiled "
           f"{compile_s} s ({summary.group(4)} CPU s)")
