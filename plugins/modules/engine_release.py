@@ -17,6 +17,9 @@ description:
   - Reads back, in the same call, what the deploy's switch decides on, C(state.json), the sha256 of the unit files
     systemd runs, the state of the engine units (one C(systemctl show)) and whether some paths exist. A deploy
     that changes nothing then costs one round trip here instead of one per file.
+  - C(release.json) (a JSON object in I(files)) gets C(created), when the release was first written (UTC, such as
+    C(2026-12-04T18:40:12Z)); written again, the release keeps its time, so nothing changes. A release written
+    before C(created) was recorded is left without it.
   - A release that did not exist before and whose file a validator refuses is removed again, so no half release is
     left behind. Secret files (I(secret_files)) are never shown in a diff or in the task's output.
   - Supports check mode (nothing is written; C(changed) and the diff say what would be) and diff mode. In diff
@@ -270,8 +273,11 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.files im
     ensure_service_account,
     list_releases,
     parse_mode,
+    read_bytes,
     read_json,
     sha256_of,
+    utc_now_text,
+    with_created,
 )
 
 FILE_OPTIONS = {
@@ -295,6 +301,13 @@ def release_subdirectories(params: dict) -> list[str]:
     names = [entry["name"] for entry in params["secret_files"] + params["files"]]
     return sorted({name.split("/", 1)[0] for name in names
                    if name.count("/") == 1 and all(_plain(part) for part in name.split("/"))})
+
+
+def stamped_files(files: list[dict], release_dir: str, now: str) -> list[dict]:
+    """`files` with release.json's `created` kept from the host, or `now` for a new release (files.with_created)."""
+    return [{**entry, "content": with_created(entry["content"], read_bytes(os.path.join(release_dir, entry["name"])),
+                                              now)}
+            if entry["name"] == "release.json" else entry for entry in files]
 
 
 def release_files(params: dict, release_dir: str) -> list[Wanted]:
@@ -382,6 +395,7 @@ def main() -> None:
     release_dir = os.path.join(params["state_dir"], "releases", params["release_id"])
     release_existed = os.path.isfile(os.path.join(release_dir, "release.json"))
     try:
+        params = {**params, "files": stamped_files(params["files"], release_dir, utc_now_text())}
         wanted_dirs = directories(params, release_dir)
         wanted_files = release_files(params, release_dir) + host_files(params)
         account = params["service_user"]

@@ -17,7 +17,10 @@ import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
+
+from ansible_collections.blackwell.serving.plugins.module_utils.release.state import state_json_text
 
 
 class ReleaseFilesError(Exception):
@@ -196,6 +199,37 @@ def read_json(path: str) -> Any:
         return json.loads(content)
     except ValueError as exc:
         raise ReleaseFilesError(f"{path} is not valid JSON ({exc}); fix or remove it") from exc
+
+
+CREATED_KEY = "created"
+
+
+def utc_now_text() -> str:
+    """Now, as a release records when it was created: ISO 8601, UTC, seconds (2026-12-04T18:40:12Z)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def with_created(content: str, existing: bytes | None, now: str) -> str:
+    """release.json's content with the time its release was first written (``created``): kept from the file on the
+    host, so that writing the same release again changes nothing; ``now`` for a new release. A release written
+    before ``created`` was recorded stays without it (its time is unknown), and content that is not a JSON object
+    or sets ``created`` itself is left as it is. Written as Ansible's to_nice_json writes, with its newline."""
+    try:
+        metadata = json.loads(content)
+    except ValueError:
+        return content
+    if not isinstance(metadata, dict) or CREATED_KEY in metadata:
+        return content
+    created: Any = now
+    if existing is not None:
+        try:
+            before = json.loads(existing)
+        except ValueError:
+            return content
+        created = before.get(CREATED_KEY) if isinstance(before, dict) else None
+        if not created:
+            return content
+    return state_json_text({**metadata, CREATED_KEY: created})
 
 
 def describe_directory(path: str) -> str:

@@ -1,0 +1,44 @@
+"""The fleet status filters (status.yml, roles/engine_service/tasks/status.yml): the fleet's line and report from each
+host's engine_status result, and a host's releases as lines. Controller side; the host's own line is the module's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def status_release_lines(releases: list[dict[str, Any]]) -> list[str]:
+    """One line per release kept on the host, newest first: id, engine and version, created, and which one serves
+    and which one a rollback starts."""
+    lines = []
+    for release in releases or []:
+        marks = [mark for mark, on in (("current", release.get("current")), ("rollback", release.get("previous")))
+                 if on]
+        line = (f"{release['id']}: {release.get('engine') or '?'} {release.get('engine_version') or ''}".rstrip()
+                + f", profile {release.get('profile') or '?'}, created {release.get('created') or 'unknown'}")
+        if marks:
+            line += f" ({', '.join(marks)})"
+        if release.get("incomplete"):
+            line += f"; {release['incomplete']}"
+        lines.append(line)
+    return lines or ["no release on disk"]
+
+
+def fleet_status(hosts: dict[str, dict[str, Any]], generated_at: str = "") -> dict[str, Any]:
+    """The report status.yml writes: every host's status, and the fleet's counts by state, the hosts that did not
+    answer or whose state cannot be read (`broken`), those with problems, and one line saying it all."""
+    states: dict[str, int] = {}
+    for status in hosts.values():
+        if status.get("ok"):
+            states[status["state"]] = states.get(status["state"], 0) + 1
+    broken = sorted(host for host, status in hosts.items() if not status.get("ok"))
+    troubled = sorted(host for host, status in hosts.items() if status.get("ok") and status.get("problems"))
+    counted = ", ".join(f"{count} {state}" for state, count in sorted(states.items())) or "none readable"
+    line = (f"{len(hosts)} host(s): {counted}; did not answer or state unreadable: {', '.join(broken) or 'none'}; "
+            f"with problems: {', '.join(troubled) or 'none'}")
+    return {"generated_at": generated_at, "summary": line, "states": states, "broken": broken,
+            "with_problems": troubled, "hosts": hosts}
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {"fleet_status": fleet_status, "status_release_lines": status_release_lines}
