@@ -189,7 +189,9 @@ def gpu_view(gpus: list[dict[str, Any]], apps: list[dict[str, Any]], engine_pids
             if index in engine_mib:
                 engine_mib[index] += used
             continue
-        entry = foreign.setdefault(app["pid"], {**describe(app["pid"], app.get("name")), "gpus": [], "used_mib": 0})
+        if app["pid"] not in foreign:
+            foreign[app["pid"]] = {**describe(app["pid"], app.get("name")), "gpus": [], "used_mib": 0}
+        entry = foreign[app["pid"]]
         if index is not None and index not in entry["gpus"]:
             entry["gpus"].append(index)
         entry["used_mib"] += used
