@@ -7,7 +7,8 @@
 - A throw-away private data dir; project_dir is this repository; artifacts are kept under --artifacts.
 - Progress streams to stdout (one line per task result), the playbook's own output goes to the artifacts.
 - Verify reports go under <artifacts>/<ident>/reports (-e verify_report_dir=DIR, inline or in a vars file,
-  chooses another place; an inventory's verify_report_dir does not).
+  chooses another place; an inventory's verify_report_dir does not), and so does status.yml's fleet status,
+  <artifacts>/<ident>/reports/status.json (-e engine_service_status_report_path=FILE).
 - Each run keeps its artifacts in <artifacts>/<ident>/ (--ident, by default the start time, YYYYmmddTHHMMSS):
   it writes <artifacts>/<ident>/summary.json (per host: ok/changed/failed/rescued/skipped/unreachable, elapsed,
   verify report path) and <artifacts>/<ident>/junit.xml (one test case per host), and prints both paths.
@@ -447,9 +448,10 @@ def environment_of(environment: dict[str, str]) -> Iterator[None]:
 
 def playbook_options(args: argparse.Namespace, reports: Path) -> list[str]:
     """ansible-playbook's options besides inventory, limit and inline extra vars."""
-    # The verify reports go with the run's artifacts. An extra variable (it outranks the inventory's) given first, so
-    # that a vars file or an inline -e verify_report_dir, both read after it, choose another place.
-    options = ["-e " + shlex.quote(json.dumps({"verify_report_dir": str(reports)})),
+    # The verify reports and status.yml's fleet status go with the run's artifacts. Extra variables (they outrank the
+    # inventory's) given first, so that a vars file or an inline -e, both read after them, choose another place.
+    options = ["-e " + shlex.quote(json.dumps({"verify_report_dir": str(reports),
+                                               "engine_service_status_report_path": str(reports / "status.json")})),
                *(f"-e @{Path(f).resolve()}" for f in args.extra_vars_file)]
     if args.check:
         options.append("--check --diff")

@@ -259,7 +259,7 @@ def summary_line(status: dict[str, Any]) -> str:
     if gpus["available"]:
         parts.append(f"{gpus['count']} GPUs ({gpus['engine_memory_mib']} MiB held by the engine)")
     else:
-        parts.append(f"GPUs not read ({gpus['reason'].split(';')[0]})")
+        parts.append(f"no GPUs read: {gpus['reason'].split(';')[0]}")
     parts.append(f"rollback → {status['rollback']}" if status["rollback"] else "no rollback target")
     line = ", ".join(parts)
     unsaid = [problem for problem in status["problems"] if not problem.startswith("/health")]  # said above
