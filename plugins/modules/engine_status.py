@@ -20,7 +20,7 @@ description:
   - A C(state.json) that is not valid JSON (truncated, half-written) or that names a release whose C(release.json)
     is missing does not fail the task, since the fleet status goes on with the other hosts. The result then has
     RV(ok=false) and RV(reason) says why, for instance C(state.json is not valid JSON, Expecting value...).
-  - Nothing is written and nothing is started or stopped; RV(changed) is always false, in check mode too.
+  - Nothing is written and nothing is started or stopped; C(changed) is always false, in check mode too.
   - No secret is read into the result. No configuration or environment file of a release is opened (they hold the
     API keys); of C(release.json) only id, engine, engine_version, profile, unit, created and the health URL are
     read, and of a process only its pid, user and title, never its arguments. C(/health) is asked without a key
