@@ -13,6 +13,7 @@ and SGLang's own entry points are the ones the engine then loads without compili
    ``top_k_renorm_probs`` call on the GPU, SGLang's ``_jit_sampling_module`` (what
    ``tree_speculative_sampling_target_only`` loads) - while watching that no nvcc/cicc/ptxas starts.
 
+Without systemd (as root) it re-executes itself in a private PID namespace (``unshare --pid --fork --mount-proc``).
 Runnable with what a GPU machine has (PyTorch with CUDA, nvcc, a C++ compiler) plus carried wheels: ``--wheels DIR``
 holds sglang 0.5.23 and flashinfer-python 0.7.2 (with what they import that the machine lacks: apache-tvm-ffi,
 msgspec, ninja, ...); they are installed with ``--no-deps`` into a venv that sees the machine's torch
@@ -169,6 +170,13 @@ def main() -> int:
     if shutil.which("nvidia-smi") is None:
         print("no nvidia-smi: this smoke needs a host with an NVIDIA GPU", file=sys.stderr)
         return 2
+    if (os.geteuid() == 0 and shutil.which("unshare") and not Path("/run/systemd/system").is_dir()
+            and os.environ.get("BWS_IN_PRIVATE_PID_NS") != "1"):
+        # Without systemd its kill test signals processes of its own: inside a PID namespace of its own, they are the
+        # only ones it can reach. With systemd it kills its own transient unit, which must be outside one.
+        env = {**os.environ, "BWS_IN_PRIVATE_PID_NS": "1"}
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, *sys.argv], env=env,
+                              check=False).returncode
     cuda_home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
     arch = jit_target(cuda_home)
     result: dict = {"arch": arch, "cuda_home": cuda_home}

@@ -3,7 +3,7 @@
 # compiler but no network: SGLang 0.5.23 and FlashInfer 0.7.2 come as trimmed trees (what the pre-build and the
 # engine's loaders read: SGLang's Python files and kernel sources; FlashInfer's Python files, its headers, CCCL,
 # spdlog and the three sampling sources), apache-tvm-ffi, ninja and SGLang's import-time dependencies (the lock's
-# versions) as wheels, all in one directory:
+# versions) as wheels, all in one directory, which tests/gpu/make_prebuild_carry.py DIR writes (it needs PyPI):
 #   bash tests/gpu/prebuild_smoke_device.sh DIR [OUT]
 # They are installed into a directory of their own, beside the machine's Python (which may itself be a venv, whose
 # packages a new venv would not see); an interpreter wrapper puts that directory first on its path, and its bin/
