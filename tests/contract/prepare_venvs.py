@@ -37,6 +37,7 @@ def lanes() -> list[list[Builder]]:
     return [
         [("sglang (pinned)", sglang_helpers._build_venv),
          ("sglang ServerArgs resolution packages", sglang_resolve._build),
+         ("sglang pre-build's FlashInfer", sglang_resolve._build_prebuild),
          ("sglang test engine", lambda: build_test_engine("sglang"))],
         [*vllm[:1], ("vllm test engine", lambda: build_test_engine("vllm"))],
         vllm[1:],  # the version's own venv; the script waits for the base venv the pinned lane builds
