@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,6 +184,43 @@ def run_module(module: str, args: str, *, check: bool = False, diff: bool = Fals
             failed = event["event"] != "runner_on_ok"
             return {**event["event_data"]["res"], **({"failed": True} if failed else {})}
     raise AssertionError(f"{module} returned no result ({runner.status}, rc {runner.rc}):\n{output[-3000:]}")
+
+
+def run_at_a_terminal(playbook: str | Path, inventory: str | Path, answer: str | None = None, *,
+                      wait_for: str = "", extra_args: list[str] | None = None, project_dir: Path = REPO,
+                      timeout: float = 240) -> tuple[int, str]:
+    """Run ``ansible-playbook`` on a pseudo-terminal of its own, as a person at a terminal does (ansible-runner gives
+    it none, so Ansible's prompts do not ask there): type ``answer`` once ``wait_for`` is printed (None: type
+    nothing). Its exit status and what it printed, whitespace folded. No events: what it did is read on the host."""
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook),
+               *(extra_args or [])]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(project_dir / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           **_toolchain_path()}
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: a session of its own whose controlling terminal is the pty, in the foreground
+        os.chdir(project_dir)
+        os.execve(command[0], command, env)
+    output, answered, deadline = b"", answer is None, time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([terminal], [], [], 1)[0]:
+                try:
+                    chunk = os.read(terminal, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            if not answered and wait_for.encode() in output:
+                time.sleep(1)  # as a person would: Ansible flushes what was typed before its prompt took the terminal
+                os.write(terminal, answer.encode() + b"\n")
+                answered = True
+        else:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(terminal)
+    return os.waitstatus_to_exitcode(status), " ".join(output.decode(errors="replace").split())
 
 
 def _toolchain_path() -> dict[str, str]:

@@ -39,6 +39,24 @@ def fleet_status(hosts: dict[str, dict[str, Any]], generated_at: str = "") -> di
             "with_problems": troubled, "hosts": hosts}
 
 
+def teardown_plan(hosts: dict[str, Any]) -> list[str]:
+    """What teardown.yml would stop, one line per host, from each host's engine_status result (None or a result
+    without a summary where the host could not be read): the engine units running, the release that serves."""
+    lines = []
+    for host, status in hosts.items():
+        if not isinstance(status, dict) or not status.get("ok"):
+            why = status.get("reason") or status.get("msg") if isinstance(status, dict) else None
+            lines.append(f"{host}: state not readable ({why or 'no answer'}); every engine unit is stopped")
+            continue
+        running = sorted(name for name, unit in (status.get("engine_units") or {}).items()
+                         if unit.get("active_state") in ("active", "activating", "reloading", "deactivating"))
+        release = status.get("release_id") or "no release"
+        what = f"stops {', '.join(running)}" if running else "no engine unit running"
+        lines.append(f"{host}: {what}; release {release} ({status.get('engine') or '?'}, {status.get('state')})")
+    return lines
+
+
 class FilterModule:
     def filters(self) -> dict:
-        return {"fleet_status": fleet_status, "status_release_lines": status_release_lines}
+        return {"fleet_status": fleet_status, "status_release_lines": status_release_lines,
+                "teardown_plan": teardown_plan}

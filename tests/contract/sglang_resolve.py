@@ -85,7 +85,7 @@ def _build_prebuild() -> tuple[Path | None, str]:
 
 
 def prebuild_path() -> list[Path]:
-    """The directory with FlashInfer for the pre-build's contract test; skips (fails under CI) when it cannot be built."""
+    """The directory with FlashInfer for the pre-build's contract test; skips (fails under CI) without it."""
     target, reason = _build_prebuild()
     if target is None:
         unavailable(f"the FlashInfer overlay cannot be built: {reason}")

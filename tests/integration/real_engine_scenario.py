@@ -16,6 +16,7 @@ import yaml
 
 from tests.integration.engine_host import REPO, EngineHost
 from tests.integration.lifecycle_helpers import API_KEY, deploy, main_pid
+from tests.playbook_run import run_at_a_terminal
 
 # Lines only the engines' own start-up writes (the light double writes none of them): SGLang 0.5.23
 # srt/entrypoints/http_server.py after its warm-up; vLLM 0.33.0 entrypoints/launchers/api_server/entry.py.
@@ -158,10 +159,21 @@ def sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host: EngineHost, r
 
 
 def teardown_stops_the_engine(host: EngineHost, runs: list, engine: str) -> None:
-    """Leaves: nothing serving, no process of the front end left."""
+    """From a terminal teardown.yml shows what it would stop and, answered "no", stops with nothing changed; without
+    a terminal (ansible-runner, as CI runs it) it asks nothing and stops the engine.
+    Leaves: nothing serving, no process of the front end left."""
+    before, pid = host.state(), host.unit(unit(engine))["MainPID"]
+    rc, printed = run_at_a_terminal(REPO / "teardown.yml", host.inventory, "no", wait_for="Type yes to go on")
+    assert rc != 0, printed[-3000:]
+    assert f"{host.name}: stops {unit(engine)}; release {before['current']} ({engine}, serving)" in printed, \
+        printed[-3000:]
+    assert "Not confirmed (the answer was 'no', not yes): stopped before anything changed." in printed, printed[-3000:]
+    assert host.state() == before and host.unit(unit(engine))["MainPID"] == pid and host.health() == 200
     run = host.run_playbook("playbooks/teardown.yml")
     runs.append(run)
     assert run.status == "successful", run.stdout[-4000:]
+    assert "Run by ansible-runner, whose terminal nobody types at: going on without asking." in " ".join(
+        run.stdout.split()), run.stdout[-4000:]
     assert host.unit(unit(engine))["ActiveState"] in ("inactive", "failed")
     # (the bracket keeps pgrep from matching the shell that runs it)
     assert host.sh(f"pgrep -f '[{engine[0]}]{engine[1:]}_serve.py' || true") == ""
