@@ -11,6 +11,7 @@ The tests share the host and run in file order; each states the host it leaves b
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from tests.integration.engine_host import REPO
-from tests.integration.lifecycle_helpers import CONTAINER_MARKS, booted_engine_host, deploy, main_pid
+from tests.integration.lifecycle_helpers import API_KEY, CONTAINER_MARKS, booted_engine_host, deploy, main_pid
 from tests.integration.real_engine_scenario import task_times
 
 pytestmark = CONTAINER_MARKS
@@ -135,6 +136,47 @@ def test_a_new_toolchain_is_built_while_the_old_release_serves_and_the_switch_ex
     assert host.state()["current"] != before and host.health() == 200
     print(f"new toolchain: pre-build {prebuild:.1f} s while the old release served ({report}); "
           f"switch downtime {downtime:.1f} s")
+
+
+SAMPLED = """
+import json, time, urllib.request
+body = json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                   "temperature": 0.6, "top_p": 0.95}).encode()
+began = time.monotonic()
+request = urllib.request.Request("http://127.0.0.1:30000/v1/chat/completions", body,
+                                 {"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+status = urllib.request.urlopen(request, timeout=120).status
+print(status, round(time.monotonic() - began, 2))
+"""
+
+
+def sampled_request(host) -> tuple[str, float]:
+    """One sampled chat request on the host, the key on the interpreter's stdin (never in an argv): status, seconds."""
+    proc = subprocess.run(["podman", "exec", "-i", host.name, "python3", "-"], input=f"KEY = {API_KEY!r}\n{SAMPLED}",
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status, seconds = proc.stdout.split()
+    return status, float(seconds)
+
+
+def test_a_gate_rollback_starts_the_previous_release_on_its_built_kernels_without_building(host, runs):
+    """A release whose gate fails (garbage output) after a pre-build that had nothing to build: the rollback
+    restarts the release that served on the kernels built for it before it first served; neither its start nor its
+    first sampled request compiles (a build would take COMPILE_S). Leaves release 2 serving, restarted."""
+    before, old_pid = host.state()["current"], main_pid(host)
+    built = host.sh(f"stat -c %Y {FI_SAMPLING}/sampling.so")
+    run = deploy(host, runs, "deploy_sglang.yml", **compiling(BWS_TOOLCHAIN_DOUBLE_CXX_VERSION="13.1.0",
+                                                              ENGINE_DOUBLE_FAULT="garbage-output"))
+    assert run.status == "failed", run.stdout[-4000:]
+    flat = " ".join(run.stdout.split())
+    assert "0 of 2 built" in said(run)
+    assert f"Rolled back: {before} is serving again" in flat, flat[-4000:]
+    assert host.state()["current"] == before and main_pid(host) != old_pid and host.health() == 200
+    status, seconds = sampled_request(host)
+    assert status == "200" and seconds < COMPILE_S / 2, (status, seconds)
+    assert no_compiler_runs(host)
+    assert host.sh(f"stat -c %Y {FI_SAMPLING}/sampling.so") == built  # the same module, not rebuilt
+    print(f"rollback to {before}: its first sampled request answered in {seconds} s, nothing built")
 
 
 def run_in_background(host, runs, **extravars) -> tuple[threading.Thread, list]:
