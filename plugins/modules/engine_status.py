@@ -131,8 +131,10 @@ serving_since:
   description: When the current release's unit became active (UTC), while state.json says serving; else C(unknown).
   type: str
   returned: always
-failed:
-  description: The release whose deploy failed last and was rolled back (C(state.json)), or null.
+failed_release:
+  description:
+    - The release whose deploy failed last and was rolled back (C(failed) in C(state.json)), or null.
+    - Not named C(failed), which Ansible reads as the task's own failure.
   type: str
   returned: always
 rollback:
@@ -269,7 +271,7 @@ def broken(state_dir: str, reason: str) -> dict:
     except OSError:
         releases = []
     status = {"ok": False, "reason": reason, "state": UNKNOWN, "release_id": None, "engine": None,
-              "engine_version": None, "profile": None, "created": UNKNOWN, "serving_since": UNKNOWN, "failed": None,
+              "engine_version": None, "profile": None, "created": UNKNOWN, "serving_since": UNKNOWN, "failed_release": None,
               "rollback": None, "unit": {}, "engine_units": {},
               "health": {"url": None, "status": None, "latency_ms": None, "error": "not asked"},
               "gpus": {"available": False, "reason": "not read", "count": 0, "engine_memory_mib": 0, "gpus": [],
@@ -305,7 +307,7 @@ def read_status(module: AnsibleModule) -> dict:
         "profile": release["profile"],
         "created": release["created"] if read["release"] else UNKNOWN,
         "serving_since": UNKNOWN,
-        "failed": state.get("failed") if state else None,
+        "failed_release": state.get("failed") if state else None,
         "rollback": state["previous"] if state else None,
         "unit": views.get(unit) or unit_view(unit, None, systemd),
         "engine_units": {name: {"active_state": view["active_state"], "enabled": view["enabled"]}

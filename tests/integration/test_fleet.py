@@ -6,14 +6,18 @@ The engine is the ENGINE TEST DOUBLE. Tests share the hosts and run in file orde
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 
 import pytest
+import yaml
 
 from tests.integration.engine_host import REPO, EngineHost, podman_available
+from tests.integration.real_engine_scenario import host_made_secrets
 
 pytestmark = [
     pytest.mark.container,
@@ -79,11 +83,65 @@ def test_rollout_stops_at_a_failing_host_which_is_rolled_back(fleet, tmp_path):
     assert f"{HOSTS[1]}: failed" in result.stdout and f"{HOSTS[2]}: not reached" in result.stdout
 
 
+def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet, tmp_path):
+    """After the failed rollout (host 1: the new release; host 2: rolled back, its failed release named; host 3:
+    untouched), with host 3's state.json cut in the middle of a write and a fourth host that does not exist:
+    status.yml through the CI entry prints a line per host and the fleet's, changes nothing, writes the report the
+    hosts agree with, holds no secret, and fails naming the two it could not read."""
+    gone = "bws-it-fleet-gone"
+    inventory = tmp_path / "inventory"
+    shutil.copytree(fleet.inventory, inventory)
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    members = hosts["all"]["children"]["gpu_servers"]["hosts"]
+    members[gone] = dict(members[HOSTS[0]])
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    serving = {h: release(fleet, h) for h in HOSTS[:2]}
+    state = "/var/lib/llm-serving/state.json"
+    third = fleet.on(HOSTS[2])
+    third.sh(f"cp -p {state} {state}.whole && head -c 20 {state}.whole > {state}")
+    try:
+        result = subprocess.run(
+            [sys.executable, str(REPO / "scripts/ci_playbook.py"), "status.yml", "-i", str(inventory),
+             "--artifacts", str(tmp_path / "artifacts"), "--ident", "run"],
+            capture_output=True, text=True, check=False, cwd=REPO)
+    finally:
+        third.sh(f"mv {state}.whole {state}")
+    # The play's own output is in the run's artifacts (ansible-runner's stdout file); the CI entry streams task lines.
+    printed = [path.read_text(errors="replace") for path in (tmp_path / "artifacts" / "run").rglob("stdout")]
+    out = " ".join(" ".join(printed).split())
+    assert result.returncode != 0, result.stdout[-3000:]
+    for host in HOSTS[:2]:
+        assert re.search(rf"{host}: sglang {serving[host]} serving since \S+, /health 200 in \d+ ms", out), out[-3000:]
+    assert f"{HOSTS[2]}: state unreadable: state.json is not valid JSON" in out, out[-3000:]
+    assert f"{gone}: did not answer" in out, out[-3000:]
+    unreadable = ", ".join(sorted([HOSTS[2], gone]))
+    assert f"4 host(s): 2 serving; did not answer or state unreadable: {unreadable};" in out, out[-3000:]
+    report = json.loads((tmp_path / "artifacts" / "run" / "reports" / "status.json").read_text())
+    assert report["broken"] == sorted([HOSTS[2], gone])
+    for host in HOSTS[:2]:
+        assert report["hosts"][host]["release_id"] == serving[host]
+        assert report["hosts"][host]["rollback"] == json.loads(fleet.on(host).sh(f"cat {state}"))["previous"]
+    assert report["hosts"][HOSTS[1]]["failed_release"] == json.loads(fleet.on(HOSTS[1]).sh(f"cat {state}")).get("failed")
+    summary = json.loads((tmp_path / "artifacts" / "run" / "summary.json").read_text())
+    assert all(entry.get("changed", 0) == 0 for entry in summary["hosts"].values()), summary["hosts"]
+    secrets = [value for host in HOSTS for value in host_made_secrets(fleet.on(host), "sglang").values()]
+    leaked = [str(path) for path in (tmp_path / "artifacts").rglob("*") if path.is_file()
+              and any(secret in path.read_text(errors="replace") for secret in secrets)]
+    assert leaked == [] and not any(secret in result.stdout for secret in secrets)
+
+
 def test_teardown_of_the_fleet(fleet):
+    """Then status.yml says every host stopped, with the release a deploy or rollback would come back to."""
     fleet.write_inventory({"engine_profile": "sandbox-tiny"})
     run = fleet.run_playbook("playbooks/teardown.yml")
     assert run.status == "successful", run.stdout[-3000:]
     assert all(fleet.on(h).unit("sglang.service")["ActiveState"] == "inactive" for h in HOSTS)
+    status = fleet.run_playbook("status.yml")
+    assert status.status == "successful" and sum(status.count("changed", h) for h in HOSTS) == 0, status.stdout[-3000:]
+    for host in HOSTS:
+        line = status.result("Status | one line per host", host)["msg"]
+        assert line.startswith(f"{host}: sglang {release(fleet, host)} stopped"), line
+    assert status.result("Status | the fleet in one line")["msg"].startswith("3 host(s): 3 stopped;")
 
 
 def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):

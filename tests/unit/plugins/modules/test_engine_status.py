@@ -116,7 +116,9 @@ def test_a_serving_host_says_engine_release_version_profile_created_health_and_r
         "serving", "sglang-7222bd6d61dd", "sglang", "0.5.23", "kimi")
     assert result["created"] == "2026-12-04T18:31:07Z"
     assert result["serving_since"] == "unknown", "no systemd here: the unit's start is not known"
-    assert result["rollback"] == "sglang-old000000001" and result["failed"] == "sglang-f00"
+    assert result["rollback"] == "sglang-old000000001" and result["failed_release"] == "sglang-f00"
+    # Ansible reads a truthy `failed` in a module's result as the task's own failure: a failed release is not one.
+    assert not result.get("failed")
     assert result["health"]["status"] == 200 and isinstance(result["health"]["latency_ms"], int)
     assert 0 <= result["health"]["latency_ms"] < 3000
     assert result["gpus"]["available"] is False and "nvidia-smi not found" in result["gpus"]["reason"]
