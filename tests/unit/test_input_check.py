@@ -79,12 +79,13 @@ def test_a_misspelled_option_names_the_closest_known_one() -> None:
 
 def test_unprefixed_playbook_inputs_are_known_and_their_typos_are_not() -> None:
     inputs = ["engine", "engine_profile", "engine_profiles", "engine_units", "deploy_batch_size",
-              "deploy_max_fail_percentage", "model_store_hosts"]
+              "deploy_max_fail_percentage", "model_store_hosts", "teardown_confirm"]
     assert ic.unknown_variables(inputs, CATALOG) == []
-    assert ic.unknown_variables(["engine_profil", "deploy_batch_sise", "engine_unit"], CATALOG) == [
+    assert ic.unknown_variables(["engine_profil", "deploy_batch_sise", "engine_unit", "teardown_confrim"], CATALOG) == [
         "unknown variable deploy_batch_sise: not a playbook input (did you mean deploy_batch_size?)",
         "unknown variable engine_profil: not a playbook input (did you mean engine_profile?)",
         "unknown variable engine_unit: not a playbook input (did you mean engine_units?)",
+        "unknown variable teardown_confrim: not a playbook input (did you mean teardown_confirm?)",
     ]
 
 
