@@ -271,8 +271,8 @@ def broken(state_dir: str, reason: str) -> dict:
     except OSError:
         releases = []
     status = {"ok": False, "reason": reason, "state": UNKNOWN, "release_id": None, "engine": None,
-              "engine_version": None, "profile": None, "created": UNKNOWN, "serving_since": UNKNOWN, "failed_release": None,
-              "rollback": None, "unit": {}, "engine_units": {},
+              "engine_version": None, "profile": None, "created": UNKNOWN, "serving_since": UNKNOWN,
+              "failed_release": None, "rollback": None, "unit": {}, "engine_units": {},
               "health": {"url": None, "status": None, "latency_ms": None, "error": "not asked"},
               "gpus": {"available": False, "reason": "not read", "count": 0, "engine_memory_mib": 0, "gpus": [],
                        "foreign": []},
