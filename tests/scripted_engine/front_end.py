@@ -89,6 +89,7 @@ class RealFrontEnd:
         middleware that guards every route. Returns the environment; extends `args` in place."""
         release_dir.mkdir(parents=True, exist_ok=True)
         guards: dict[str, str] = {"PYTHONPATH": str(release_dir)}
+        shutil.copy(ROLES / "engine_service" / "files" / "bws_access_log.py", release_dir)  # both roles ship it
         if self.flavour == "sglang":
             import jinja2  # the test runner's (Ansible's) Jinja: the role renders the same template
 

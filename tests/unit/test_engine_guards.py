@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ def load(path: Path) -> ModuleType:
     return module
 
 
+load(REPO / "roles" / "engine_service" / "files" / "bws_access_log.py")  # vLLM's middleware imports it by name
 sglang_logging = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_logging.py")
 vllm_auth = load(REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py")
 route_probes = load(REPO / "plugins" / "filter" / "route_probes.py")
@@ -88,7 +90,9 @@ def test_the_release_logging_configuration_keeps_the_line_and_loses_the_key(tmp_
     config = tmp_path / "logging.json"
     config.write_text(jinja2.Template(template).render(sglang_logging_level="info"), encoding="utf-8")
     done = subprocess.run([sys.executable, "-c", LOG_WITH_THE_RELEASE_CONFIGURATION, str(config), KEY],
-                          env={"PYTHONPATH": str(REPO / "roles" / "sglang" / "files")}, capture_output=True,
+                          env={"PYTHONPATH": os.pathsep.join([str(REPO / "roles" / "sglang" / "files"),
+                                                              str(REPO / "roles" / "engine_service" / "files")])},
+                          capture_output=True,
                           text=True, check=True, timeout=60)
     lines = done.stderr.splitlines()
     assert len(lines) == 2, done.stderr

@@ -28,6 +28,7 @@ def load(path: Path) -> ModuleType:
     return module
 
 
+access_log = load(REPO / "roles" / "engine_service" / "files" / "bws_access_log.py")  # both releases ship it
 sglang_logging = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_logging.py")
 guard_module = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_guard.py")
 vllm_auth = load(REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py")
@@ -315,8 +316,8 @@ def test_register_hooks_every_target() -> None:
 ACCESS = '%s - "%s %s HTTP/%s" %d'
 
 
-@pytest.mark.parametrize("module", [sglang_logging, vllm_auth], ids=["sglang", "vllm"])
-def test_the_access_line_loses_its_query_string_and_keeps_its_shape(module: ModuleType) -> None:
+def test_the_access_line_loses_its_query_string_and_keeps_its_shape() -> None:
+    module = access_log
     record = logging.LogRecord("uvicorn.access", logging.INFO, "h11_impl.py", 1, ACCESS,
                                ("127.0.0.1:5000", "GET", f"/v1/models?api_key={KEY}&x=1", "1.1", 401), None)
     assert module.RedactQueryString().filter(record) is True
@@ -327,8 +328,8 @@ def test_the_access_line_loses_its_query_string_and_keeps_its_shape(module: Modu
     assert plain.args == ("127.0.0.1:5000", "GET", "/health", "1.1", 200)
 
 
-@pytest.mark.parametrize("module", [sglang_logging, vllm_auth], ids=["sglang", "vllm"])
-def test_the_websocket_lines_lose_their_query_string(module: ModuleType) -> None:
+def test_the_websocket_lines_lose_their_query_string() -> None:
+    module = access_log
     for message, args in (('%s - "WebSocket %s" [accepted]', ("1.2.3.4:5", f"/v1/realtime?key={KEY}")),
                           ('%s - "WebSocket %s" 403', ("1.2.3.4:5", f"/v1/realtime?key={KEY}")),
                           ('%s - "WebSocket %s" %d', ("1.2.3.4:5", f"/v1/realtime?key={KEY}", 401))):
@@ -337,8 +338,8 @@ def test_the_websocket_lines_lose_their_query_string(module: ModuleType) -> None
         assert KEY not in record.getMessage() and "/v1/realtime?<redacted>" in record.getMessage()
 
 
-@pytest.mark.parametrize("module", [sglang_logging, vllm_auth], ids=["sglang", "vllm"])
-def test_other_records_pass_unchanged(module: ModuleType) -> None:
+def test_other_records_pass_unchanged() -> None:
+    module = access_log
     record = logging.LogRecord("uvicorn.error", logging.INFO, "x.py", 1, "What is %s?", ("1 + 2",), None)
     module.RedactQueryString().filter(record)
     assert record.getMessage() == "What is 1 + 2?"
@@ -346,7 +347,7 @@ def test_other_records_pass_unchanged(module: ModuleType) -> None:
 
 def test_the_vllm_middleware_puts_the_filter_on_uvicorns_loggers_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_API_KEY", KEY)
-    for name in vllm_auth.UVICORN_LOGGERS:
+    for name in access_log.UVICORN_LOGGERS:
         for existing in list(logging.getLogger(name).filters):
             logging.getLogger(name).removeFilter(existing)
 
@@ -355,5 +356,11 @@ def test_the_vllm_middleware_puts_the_filter_on_uvicorns_loggers_once(monkeypatc
 
     vllm_auth.RequireApiKey(app)
     vllm_auth.RequireApiKey(app)
-    for name in vllm_auth.UVICORN_LOGGERS:
+    for name in access_log.UVICORN_LOGGERS:
         assert [type(f).__name__ for f in logging.getLogger(name).filters] == ["RedactQueryString"], name
+
+
+def test_sglangs_logging_configuration_names_the_shared_filter() -> None:
+    """logging.json's filter is the one both releases ship: dictConfig imports it by that name."""
+    template = (REPO / "roles" / "sglang" / "templates" / "sglang-logging.json.j2").read_text()
+    assert '"redact_query_strings": {"()": "bws_access_log.RedactQueryString"}' in template

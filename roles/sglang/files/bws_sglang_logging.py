@@ -11,10 +11,11 @@ uvicorn's access log (logger `uvicorn.access`: one line per request, the target 
 configured by uvicorn itself after SGLang's logging (its LOGGING_CONFIG, adjusted by `srt/utils/common.py`
 set_uvicorn_logging_configs: a handler of its own, no propagation), so the filter above never saw it, and a key a
 client put in a query string (`?api_key=...`: SGLang reads the key only from `Authorization`, clients send one there
-all the same) reached the journal. logging.json puts `RedactQueryString` on that logger itself, and on
-`uvicorn.error`, which logs WebSocket handshakes with their target: dictConfig leaves a logger's filters in place when
-it configures the logger again (it replaces its handlers only), so uvicorn's own configuration keeps them. Each line
-keeps its client, method, path and status; the query string is replaced.
+all the same) reached the journal. logging.json puts `bws_access_log.RedactQueryString` (shared with vLLM's release,
+roles/engine_service/files/bws_access_log.py) on that logger itself, and on `uvicorn.error`, which logs WebSocket
+handshakes with their target: dictConfig leaves a logger's filters in place when it configures the logger again (it
+replaces its handlers only), so uvicorn's own configuration keeps them. Each line keeps its client, method, path and
+status; the query string is replaced.
 
 Installed by the sglang role beside logging.json in the release directory (on the unit's PYTHONPATH); the
 standard library only.
@@ -48,29 +49,4 @@ class RedactApiKeys(logging.Filter):
             return True
         if "api_key" in message or "api-key" in message:
             record.msg, record.args = redact(message), None
-        return True
-
-
-def redact_query(target: str) -> str:
-    """A request target with its query string, whatever it holds, replaced: `/v1/models?<redacted>`."""
-    path, question, _ = target.partition("?")
-    return f"{path}?{REDACTED}" if question else target
-
-
-# uvicorn's lines that carry the request target, and the index of the target among their arguments: the access line
-# (logger uvicorn.access) and the WebSocket handshake lines (logger uvicorn.error), uvicorn/protocols/*/*_impl.py.
-_TARGET_ARG = {'%s - "%s %s HTTP/%s" %d': 2, '%s - "WebSocket %s" [accepted]': 1, '%s - "WebSocket %s" 403': 1,
-               '%s - "WebSocket %s" %d': 1}
-
-
-class RedactQueryString(logging.Filter):
-    """For uvicorn's request lines (`'%s - "%s %s HTTP/%s" %d'`: client, method, target, version, status, which
-    uvicorn's AccessFormatter unpacks; and its WebSocket lines): the target's query string replaced, the record's
-    arguments otherwise as they were. Other records pass unchanged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        index = _TARGET_ARG.get(record.msg) if isinstance(record.msg, str) else None
-        args = record.args
-        if index is not None and isinstance(args, tuple) and len(args) > index and isinstance(args[index], str):
-            record.args = (*args[:index], redact_query(args[index]), *args[index + 1:])
         return True

@@ -19,10 +19,12 @@ vLLM reads the key only from `Authorization`) reached the journal. vLLM configur
 starts (`entrypoints/launchers/api_server/entry.py`: uvicorn's defaults, or a file of its own through
 `--log-config-file` / VLLM_LOGGING_CONFIG_PATH, which then replaces vLLM's own logging configuration too). When vLLM
 builds this middleware (at the app's start, after that configuration), it puts `RedactQueryString` on those two
-loggers: the access log stays, each line with its client, method, path and status, the query string replaced. No key
-set, no middleware: there is no key to leak.
+loggers (roles/engine_service/files/bws_access_log.py, shared with SGLang's release): the access log stays, each
+line with its client, method, path and status, the query string replaced. No key set, no middleware: there is no key
+to leak.
 
-Installed by the vllm role in the release directory (the unit's PYTHONPATH); the standard library only.
+Installed by the vllm role in the release directory (the unit's PYTHONPATH), beside bws_access_log.py; the standard
+library only.
 """
 
 from __future__ import annotations
@@ -33,42 +35,10 @@ import logging
 import os
 import secrets
 
+from bws_access_log import redact_uvicorn_query_strings
+
 OPEN_PATHS = ("/health", "/ping", "/metrics", "/version")
-REDACTED = "<redacted>"
-# uvicorn's lines that carry the request target, and the index of the target among their arguments: the access line
-# (logger uvicorn.access) and the WebSocket handshake lines (logger uvicorn.error), uvicorn/protocols/*/*_impl.py.
-_TARGET_ARG = {'%s - "%s %s HTTP/%s" %d': 2, '%s - "WebSocket %s" [accepted]': 1, '%s - "WebSocket %s" 403': 1,
-               '%s - "WebSocket %s" %d': 1}
-UVICORN_LOGGERS = ("uvicorn.access", "uvicorn.error")
 logger = logging.getLogger("vllm.bws_vllm_auth")
-
-
-def redact_query(target: str) -> str:
-    """A request target with its query string, whatever it holds, replaced: `/v1/models?<redacted>`."""
-    path, question, _ = target.partition("?")
-    return f"{path}?{REDACTED}" if question else target
-
-
-class RedactQueryString(logging.Filter):
-    """For uvicorn's request lines (`'%s - "%s %s HTTP/%s" %d'`: client, method, target, version, status, which
-    uvicorn's AccessFormatter unpacks; and its WebSocket lines): the target's query string replaced, the record's
-    arguments otherwise as they were. Other records pass unchanged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        index = _TARGET_ARG.get(record.msg) if isinstance(record.msg, str) else None
-        args = record.args
-        if index is not None and isinstance(args, tuple) and len(args) > index and isinstance(args[index], str):
-            record.args = (*args[:index], redact_query(args[index]), *args[index + 1:])
-        return True
-
-
-def redact_uvicorn_query_strings() -> None:
-    """Put RedactQueryString on uvicorn's loggers, once (dictConfig keeps a logger's filters when it configures the
-    logger again)."""
-    for name in UVICORN_LOGGERS:
-        target = logging.getLogger(name)
-        if not any(isinstance(existing, RedactQueryString) for existing in target.filters):
-            target.addFilter(RedactQueryString())
 
 
 def is_open(path: str) -> bool:
