@@ -144,6 +144,35 @@ def test_no_module_over_450_lines():
     assert long == {}, f"move the logic to module_utils: {long}"
 
 
+# Keys Ansible reads in a module's result as its own verdict: a truthy `failed` fails the task, `skipped` and
+# `unreachable` relabel it. A module's data under one of these names is misread (engine_status once returned the
+# failed release as `failed`).
+ANSIBLE_VERDICT_KEYS = {"failed", "skipped", "unreachable"}
+
+
+def returned_keys(module: Path) -> set[str]:
+    """The top-level keys a module's RETURN documents."""
+    tree = ast.parse(module.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "RETURN" for t in node.targets):
+            return set(yaml.safe_load(node.value.value) or {})
+    return set()
+
+
+def test_no_module_returns_its_data_under_ansibles_verdict_keys():
+    modules = sorted((REPO / "plugins" / "modules").glob("*.py"))
+    assert sum(bool(returned_keys(module)) for module in modules) > 10, "RETURN blocks must be found"
+    misread = {module.name: sorted(keys) for module in modules
+               if (keys := returned_keys(module) & ANSIBLE_VERDICT_KEYS)}
+    assert misread == {}, f"Ansible reads these keys as the task's own verdict: {misread}"
+
+
+def test_the_verdict_key_rule_sees_a_documented_failed_key(tmp_path: Path):
+    module = tmp_path / "m.py"
+    module.write_text('RETURN = r"""\nfailed_release:\n  type: str\nfailed:\n  type: str\n"""\n')
+    assert returned_keys(module) & ANSIBLE_VERDICT_KEYS == {"failed"}
+
+
 def test_gpu_release_logic_is_split_by_concern_and_does_not_write_the_release_state():
     files = sorted((REPO / "plugins" / "module_utils" / "gpu_release").glob("*.py"))
     concerns = {p.stem for p in files} - {"__init__"}

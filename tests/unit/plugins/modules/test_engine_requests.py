@@ -9,8 +9,6 @@ import base64
 import importlib.util
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,6 +17,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO / "tests"))
 from module_utils_loader import load_library_module, load_module_util, run_library_module_file  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tests" / "doubles"))
+from json_http_double import JsonRoute, serving  # noqa: E402
 
 engine_requests = load_library_module("engine_requests")
 unit_secrets = load_module_util("secrets.unit_secrets")
@@ -40,31 +41,20 @@ def test_an_answer_holding_the_admin_key_in_any_form_holds_a_secret(form: str) -
     assert not engine_requests.holds_secret(body, [])
 
 
-class ServerInfo(BaseHTTPRequestHandler):
+class ServerInfo(JsonRoute):
     """/server_info as SGLang 0.5.23 alone answers it: its arguments, both keys included, to whoever it serves."""
 
     echoed: ClassVar[dict] = {}
 
-    def do_GET(self) -> None:
-        payload = json.dumps({"api_key": self.echoed.get("api_key"), "admin_api_key": self.echoed.get("admin_api_key"),
-                              "port": 30000}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        return None
+    def answer(self, body: bytes) -> tuple[int, dict]:
+        return 200, {"api_key": self.echoed.get("api_key"), "admin_api_key": self.echoed.get("admin_api_key"),
+                     "port": 30000}
 
 
 @pytest.fixture
 def server_info():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServerInfo)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", ServerInfo.echoed
-    server.shutdown()
+    with serving(ServerInfo) as base_url:
+        yield base_url, ServerInfo.echoed
 
 
 @pytest.mark.parametrize(("echoed", "sent", "holds"), [

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
@@ -28,39 +26,26 @@ engine_requests = load_library_module("engine_requests")
 progress = load_module_util("engine.progress")
 sys.path.insert(0, str(REPO / "tests" / "doubles"))
 import compiler_double  # noqa: E402
+from json_http_double import JsonRoute, serving  # noqa: E402
 
 CONTROL_GROUP = "/system.slice/sglang.service"
 COMPILER_PID = 6161
 
 
-class Sampler(BaseHTTPRequestHandler):
+class Sampler(JsonRoute):
     """POST: run `behaviour` (a callable standing in for the engine's first sampled forward), then answer 200;
     one that returns False never answers (a sampler that hangs after its compile)."""
 
     behaviour: ClassVar = staticmethod(lambda: True)
 
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if not type(self).behaviour():
-            threading.Event().wait()
-        payload = b'{"choices": []}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        return None
+    def answer(self, body: bytes) -> tuple[int, dict] | None:
+        return (200, {"choices": []}) if type(self).behaviour() else None
 
 
 @pytest.fixture
 def endpoint():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Sampler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(Sampler) as base_url:
+        yield base_url
 
 
 @pytest.fixture
