@@ -16,6 +16,7 @@ import shlex
 import stat
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -204,9 +205,14 @@ def read_json(path: str) -> Any:
 CREATED_KEY = "created"
 
 
+def utc_text(epoch: float) -> str:
+    """A moment as the releases record it: ISO 8601, UTC, seconds (2026-12-04T18:40:12Z)."""
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def utc_now_text() -> str:
-    """Now, as a release records when it was created: ISO 8601, UTC, seconds (2026-12-04T18:40:12Z)."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Now, as a release records when it was created (utc_text)."""
+    return utc_text(time.time())
 
 
 def with_created(content: str, existing: bytes | None, now: str) -> str:

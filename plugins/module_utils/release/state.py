@@ -112,8 +112,16 @@ def state_json_text(state: dict) -> str:
     return json.dumps(state, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
 
 
-def _read_json(path: str) -> tuple[Any, str | None]:
-    """(parsed content, raw text); (None, None) when the file does not exist."""
+class JsonFileError(ValueError):
+    """A file that is not JSON: its path, its size and the parser's message (a caller may say it its own way)."""
+
+    def __init__(self, path: str, text: str, error: ValueError) -> None:
+        super().__init__(f"{path} is not valid JSON: {error}")
+        self.path, self.size, self.error = path, len(text), error
+
+
+def read_json_file(path: str) -> tuple[Any, str | None]:
+    """(parsed content, raw text); (None, None) when the file does not exist; JsonFileError when it is not JSON."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
@@ -122,17 +130,17 @@ def _read_json(path: str) -> tuple[Any, str | None]:
     try:
         return json.loads(text), text
     except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        raise JsonFileError(path, text, exc) from exc
 
 
 def read_serving(state_dir: str) -> dict[str, Any]:
     """What the host records: {path, text (None without state.json), state, release (its release.json or {})}."""
     path = os.path.join(state_dir, STATE_FILE)
-    raw, text = _read_json(path)
+    raw, text = read_json_file(path)
     state = release_state(raw)
     release: dict = {}
     if state["current"]:
-        found, _ = _read_json(os.path.join(state_dir, "releases", str(state["current"]), "release.json"))
+        found, _ = read_json_file(os.path.join(state_dir, "releases", str(state["current"]), "release.json"))
         release = found if isinstance(found, dict) else {}
     return {"path": path, "text": text, "state": state, "release": release}
 

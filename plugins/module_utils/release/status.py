@@ -13,12 +13,10 @@ Standard library only: it runs on the target.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
 from typing import Any
 
 from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import ENABLED_STATES
@@ -26,8 +24,14 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.files im
     ReleaseFilesError,
     list_releases,
     read_json,
+    utc_text,
 )
-from ansible_collections.blackwell.serving.plugins.module_utils.release.state import STATE_FILE, release_state
+from ansible_collections.blackwell.serving.plugins.module_utils.release.state import (
+    STATE_FILE,
+    JsonFileError,
+    read_json_file,
+    release_state,
+)
 
 UNKNOWN = "unknown"
 RELEASE_FILE = "release.json"
@@ -42,25 +46,17 @@ class StateError(Exception):
     """state.json or the current release cannot be read: the host's state is broken or half-written."""
 
 
-def utc_text(epoch: float) -> str:
-    """A moment as the releases record it: ISO 8601, UTC, seconds (2026-12-04T18:40:12Z)."""
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _json_file(path: str) -> Any:
-    """The parsed file, None when absent; StateError naming the file when it is not JSON or cannot be read."""
+    """The parsed file, None when absent (state.read_json_file); StateError naming the file when it is not JSON or
+    cannot be read."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        return None
+        parsed, _ = read_json_file(path)
+    except JsonFileError as exc:
+        raise StateError(f"{os.path.basename(path)} is not valid JSON: {exc.error} ({path}, {exc.size} bytes; "
+                         "half-written?)") from exc
     except OSError as exc:
         raise StateError(f"{os.path.basename(path)} cannot be read ({path}: {exc.strerror})") from exc
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise StateError(f"{os.path.basename(path)} is not valid JSON: {exc} ({path}, {len(text)} bytes; "
-                         "half-written?)") from exc
+    return parsed
 
 
 def release_brief(metadata: Any, release_id: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -226,8 +227,8 @@ def test_the_unit_says_since_when_it_serves_whether_it_is_enabled_and_what_else_
              "vllm.service": {"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"}}
     result = run(capsys, monkeypatch, state_dir, units=units)
     expected = time.time() - started_s_ago
-    since = status_util.datetime.strptime(result["serving_since"], "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=status_util.timezone.utc).timestamp()
+    since = datetime.strptime(result["serving_since"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=timezone.utc).timestamp()
     assert abs(since - expected) < 5, result["serving_since"]
     assert result["unit"]["active_state"] == "active" and result["unit"]["enabled"] is True
     assert result["problems"] == []
@@ -334,5 +335,5 @@ def test_a_process_not_visible_here_is_named_by_nvidia_smis_name_cut_to_a_title(
 def test_monotonic_times_become_utc():
     assert status_util.monotonic_to_utc("0") is None and status_util.monotonic_to_utc("n/a") is None
     # Active since monotonic 100 s; now is monotonic 1100 s at 2026-12-04T18:40:00Z.
-    now = status_util.datetime(2026, 12, 4, 18, 40, tzinfo=status_util.timezone.utc).timestamp()
+    now = datetime(2026, 12, 4, 18, 40, tzinfo=timezone.utc).timestamp()
     assert status_util.monotonic_to_utc("100000000", now=now, now_monotonic=1100.0) == "2026-12-04T18:23:20Z"
