@@ -3,8 +3,8 @@
 One mechanism for every role and playbook. The source of truth is the roles' meta/argument_specs.yml:
 
 - Every variable of the host (inventory, -e, facts) whose name starts with a role prefix (an engine role's,
-  ``verify_``, ...) or a reserved playbook prefix (``engine_``, ``deploy_``, ``teardown_``), or is exactly ``engine``,
-  must be an option of some role's argument spec (the union over roles and entry points), or a fact a
+  ``verify_``, ...) or a reserved playbook prefix (``engine_``, ``deploy_``, ``teardown_``), or is exactly ``engine``
+  or ``release``, must be an option of some role's argument spec (the union over roles and entry points), or a fact a
   role itself sets (``set_fact``/``register`` in its tasks). The playbook-level inputs without a role
   prefix (``engine``, ``engine_profile``, ``engine_profiles``, ``engine_units``, ``deploy_batch_size``,
   ``model_store_hosts``, ...) are the options of ``roles/input_check``'s ``main`` entry point.
@@ -61,7 +61,7 @@ CHECK_ROLE = "input_check"
 PROFILE_ENTRY_POINT = "profile"
 # Names of playbook inputs have these prefixes or this exact name; a typo of one of them is caught too.
 RESERVED_PREFIXES = ("engine_", "deploy_", "teardown_")
-RESERVED_NAMES = ("engine",)
+RESERVED_NAMES = ("engine", "release")
 MAGIC_PREFIXES = ("ansible_", "__")
 # The example inventory's hosts (inventory/production/hosts.yml, the default of ansible.cfg): placeholders that
 # resolve nowhere. A play against them would end in "Could not resolve hostname" at its first task on the host.

@@ -56,7 +56,19 @@ def teardown_plan(hosts: dict[str, Any]) -> list[str]:
     return lines
 
 
+def status_units_as_facts(engine_units: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """engine_status's engine_units ({unit: {active_state, enabled}}) in the shape a deploy's switch reads them (the
+    engine_release module's units: state running/failed/stopped, status enabled/disabled), for rollback.yml."""
+    facts = {}
+    for name, unit in (engine_units or {}).items():
+        active = unit.get("active_state")
+        state = "running" if active == "active" else "failed" if active == "failed" \
+            else "stopped"
+        facts[name] = {"state": state, "status": "enabled" if unit.get("enabled") else "disabled"}
+    return facts
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {"fleet_status": fleet_status, "status_release_lines": status_release_lines,
-                "teardown_plan": teardown_plan}
+                "status_units_as_facts": status_units_as_facts, "teardown_plan": teardown_plan}

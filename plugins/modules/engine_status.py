@@ -141,6 +141,11 @@ rollback:
   description: The release a rollback would start (C(previous) in C(state.json)), or null.
   type: str
   returned: always
+state_record:
+  description: C(state.json) as the deploy reads it (current, previous, status, and failed where recorded), or null
+    without one or when it cannot be read.
+  type: dict
+  returned: always
 unit:
   description: The current release's unit - name, load_state, active_state (C(unknown) without systemd), sub_state,
     unit_file_state, enabled (null without systemd), active_since (UTC, while active).
@@ -272,7 +277,7 @@ def broken(state_dir: str, reason: str) -> dict:
         releases = []
     status = {"ok": False, "reason": reason, "state": UNKNOWN, "release_id": None, "engine": None,
               "engine_version": None, "profile": None, "created": UNKNOWN, "serving_since": UNKNOWN,
-              "failed_release": None, "rollback": None, "unit": {}, "engine_units": {},
+              "failed_release": None, "rollback": None, "state_record": None, "unit": {}, "engine_units": {},
               "health": {"url": None, "status": None, "latency_ms": None, "error": "not asked"},
               "gpus": {"available": False, "reason": "not read", "count": 0, "engine_memory_mib": 0, "gpus": [],
                        "foreign": []},
@@ -309,6 +314,7 @@ def read_status(module: AnsibleModule) -> dict:
         "serving_since": UNKNOWN,
         "failed_release": state.get("failed") if state else None,
         "rollback": state["previous"] if state else None,
+        "state_record": state,
         "unit": views.get(unit) or unit_view(unit, None, systemd),
         "engine_units": {name: {"active_state": view["active_state"], "enabled": view["enabled"]}
                          for name, view in views.items()},

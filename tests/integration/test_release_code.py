@@ -202,3 +202,68 @@ def test_a_power_cut_before_the_gate_boots_the_last_release_that_served(host, ru
     assert run.status == "successful", run.stdout[-3000:]
     assert host.state()["current"] == served["release_c"] and host.state()["status"] == "serving"
     assert host.health() == 200
+
+
+def unit_now(host: EngineHost) -> tuple[str, str, str]:
+    """What would tell a change: state.json's text, the engine's MainPID, the unit file in /etc."""
+    return (host.sh("cat /var/lib/llm-serving/state.json"), host.unit("sglang.service")["MainPID"],
+            host.sh("sha256sum /etc/systemd/system/sglang.service"))
+
+
+def test_rollback_with_nothing_to_go_back_to_is_refused_and_changes_nothing(host, runs, served):
+    # The re-run above finished a switch that never served: state.json names no previous release.
+    assert host.state()["previous"] is None, host.state()
+    before = unit_now(host)
+    run = deploy(host, runs, "rollback.yml")
+    assert run.status == "failed", run.stdout[-3000:]
+    said = " ".join(run.stdout.split())
+    assert "there is nothing to roll back to: state.json names no previous release (kept: " in said, said[-2000:]
+    assert served["release_a"] in said and "Nothing was changed." in said
+    assert run.count("changed", host.name) == 0 and unit_now(host) == before
+
+
+def test_rollback_to_a_kept_release_starts_it_from_its_own_venv_and_keeps_the_one_it_left(host, runs, served):
+    # --check --diff says the switch and makes none.
+    before = unit_now(host)
+    check = host.run_playbook("playbooks/rollback.yml", extravars={"release": served["release_a"]}, check=True)
+    assert check.status == "successful", check.stdout[-3000:]
+    said = " ".join(check.stdout.split())
+    assert (f"Check mode, nothing is changed: the rollback would switch {host.name} from release {served['release_c']}"
+            f" to release {served['release_a']}") in said, said[-2000:]
+    assert unit_now(host) == before
+
+    run = deploy(host, runs, "rollback.yml", release=served["release_a"])
+    assert run.status == "successful", run.stdout[-3000:]
+    assert f"rolled back to {served['release_a']}" in " ".join(run.stdout.split())
+    assert host.state() == {"current": served["release_a"], "previous": served["release_c"], "status": "serving"}
+    assert f"{served['venv_a']}/bin/sglang serve --config" in running_command(host)
+    assert tree_digest(host, served["venv_a"]) == served["digest_a"]
+    assert host.health() == 200
+    assert served["venv_a"] in host.sh("cat /etc/systemd/system/sglang.service")
+    assert host.sh(f"test -e {TRIAL_UNIT} && echo trial || echo none") == "none"
+
+    # Without -e release: the previous one, the release it left, forward again.
+    forward = deploy(host, runs, "rollback.yml")
+    assert forward.status == "successful", forward.stdout[-3000:]
+    assert host.state() == {"current": served["release_c"], "previous": served["release_a"], "status": "serving"}
+    assert f"{served['venv_c']}/bin/sglang serve --config" in running_command(host)
+    assert host.health() == 200
+
+
+def test_rollback_to_a_release_whose_venv_was_pruned_or_that_is_not_kept_is_refused(host, runs, served):
+    before = unit_now(host)
+    host.sh(f"mv {served['venv_a']} {served['venv_a']}.away")
+    try:
+        run = deploy(host, runs, "rollback.yml")
+    finally:
+        host.sh(f"mv {served['venv_a']}.away {served['venv_a']}")
+    assert run.status == "failed", run.stdout[-3000:]
+    said = " ".join(run.stdout.split())
+    assert (f"Refusing to roll back {host.name} to {served['release_a']}: its venv {served['venv_a']} was pruned"
+            in said), said[-2000:]
+    assert run.count("changed", host.name) == 0 and unit_now(host) == before
+
+    gone = deploy(host, runs, "rollback.yml", release="sglang-000000000000")
+    assert gone.status == "failed"
+    assert "release sglang-000000000000 is not kept on this host (kept: " in " ".join(gone.stdout.split())
+    assert unit_now(host) == before
