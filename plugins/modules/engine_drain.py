@@ -49,13 +49,7 @@ notes:
   - Check mode says what it would do and does nothing.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - blackwell.serving.attributes
 """
 
 EXAMPLES = r"""

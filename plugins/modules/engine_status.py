@@ -61,18 +61,18 @@ options:
     description: Where the cgroup file system is mounted (the engine unit's processes are found in its cgroup).
     type: path
     default: /sys/fs/cgroup
+  boot_unit:
+    description:
+      - The unit that starts, at boot, the release C(state.json) names (the engine_service role's boot unit); no engine
+        unit is enabled itself.
+    type: str
+    default: llm-serving-boot.service
 notes:
   - Standard library only. Run it as root (become); the release directories are readable by root and the engine's
     group only.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - blackwell.serving.attributes
 seealso:
   - module: blackwell.serving.engine_release
   - module: blackwell.serving.gpu_facts
@@ -146,6 +146,12 @@ state_record:
     without one or when it cannot be read.
   type: dict
   returned: always
+boot:
+  description:
+    - What a reboot would start - unit (the boot unit), enabled (null without systemd), release and engine_unit (the
+      release C(state.json) names for boot and its unit, null for none).
+  type: dict
+  returned: always
 unit:
   description: The current release's unit - name, load_state, active_state (C(unknown) without systemd), sub_state,
     unit_file_state, enabled (null without systemd), active_since (UTC, while active).
@@ -205,6 +211,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.status i
     UNIT_PROPERTIES,
     UNKNOWN,
     StateError,
+    boot_view,
     gpu_view,
     kept_releases,
     probe_health,
@@ -223,6 +230,7 @@ ARGUMENT_SPEC = {
     "nvidia_smi_timeout_s": {"type": "int", "default": 10},
     "driver_proc_dir": {"type": "path", "default": "/proc/driver/nvidia"},
     "cgroup_root": {"type": "path", "default": "/sys/fs/cgroup"},
+    "boot_unit": {"type": "str", "default": "llm-serving-boot.service"},
 }
 
 
@@ -277,7 +285,8 @@ def broken(state_dir: str, reason: str) -> dict:
         releases = []
     status = {"ok": False, "reason": reason, "state": UNKNOWN, "release_id": None, "engine": None,
               "engine_version": None, "profile": None, "created": UNKNOWN, "serving_since": UNKNOWN,
-              "failed_release": None, "rollback": None, "state_record": None, "unit": {}, "engine_units": {},
+              "failed_release": None, "rollback": None, "state_record": None, "boot": {}, "unit": {},
+              "engine_units": {},
               "health": {"url": None, "status": None, "latency_ms": None, "error": "not asked"},
               "gpus": {"available": False, "reason": "not read", "count": 0, "engine_memory_mib": 0, "gpus": [],
                        "foreign": []},
@@ -298,7 +307,7 @@ def read_status(module: AnsibleModule) -> dict:
     release = release_brief(read["release"], state["current"]) if read["release"] else release_brief({}, None)
     unit = release["unit"]
     names = list(dict.fromkeys([*params["units"], *([unit] if unit else [])]))
-    systemd, shown, systemd_error = read_units(module, names)
+    systemd, shown, systemd_error = read_units(module, [*names, params["boot_unit"]])
     views = {name: unit_view(name, shown.get(name), systemd) for name in names}
     health = (probe_health(read["release"].get("health_url"), params["health_timeout_s"]) if read["release"]
               else {"url": None, "status": None, "latency_ms": None, "error": "no release"})
@@ -315,6 +324,7 @@ def read_status(module: AnsibleModule) -> dict:
         "failed_release": state.get("failed") if state else None,
         "rollback": state["previous"] if state else None,
         "state_record": state,
+        "boot": boot_view(params["boot_unit"], shown.get(params["boot_unit"]), systemd, state, params["state_dir"]),
         "unit": views.get(unit) or unit_view(unit, None, systemd),
         "engine_units": {name: {"active_state": view["active_state"], "enabled": view["enabled"]}
                          for name, view in views.items()},

@@ -54,13 +54,7 @@ notes:
   - Read-only; check mode returns the same facts.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - blackwell.serving.attributes
 seealso:
   - module: blackwell.serving.gpu_release
 """

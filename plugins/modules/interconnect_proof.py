@@ -136,13 +136,7 @@ notes:
   - Check mode looks the record up and says whether the proof would run; it never runs it.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - blackwell.serving.attributes
 seealso:
   - module: blackwell.serving.pcie_facts
 """

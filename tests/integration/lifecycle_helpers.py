@@ -108,6 +108,29 @@ def release(host: EngineHost, release_id: str) -> dict:
     return json.loads(host.sh(f"cat /var/lib/llm-serving/releases/{release_id}/release.json"))
 
 
+ENGINE_UNITS = ("sglang.service", "vllm.service")
+BOOT_UNIT = "llm-serving-boot.service"
+
+
+def what_boots(host: EngineHost) -> dict:
+    """What a reboot of the host would start: the boot unit's choice (its own program, --dry-run), whether the boot
+    unit is enabled, and every engine unit enabled besides (a second thing that would start at boot)."""
+    choice = json.loads(host.sh("/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run"))
+    each = 'do echo "$u=$(systemctl show -p UnitFileState --value "$u")"; done'
+    shown = host.sh(f"for u in {' '.join(ENGINE_UNITS)} {BOOT_UNIT}; {each}")
+    states = dict(line.split("=", 1) for line in shown.splitlines())
+    return {**choice, "boot_unit_enabled": states[BOOT_UNIT] == "enabled",
+            "engine_units_enabled": [u for u in ENGINE_UNITS if states[u] in ("enabled", "enabled-runtime")]}
+
+
+def assert_boots(host: EngineHost, unit: str, release_id: str | None = None) -> None:
+    """A reboot starts exactly `unit` (of `release_id`, where given): the boot unit's choice, nothing else enabled."""
+    boots = what_boots(host)
+    assert boots["boot_unit_enabled"] and boots["engine_units_enabled"] == [], boots
+    assert boots["unit"] == unit, boots
+    assert release_id is None or boots["release"] == release_id, boots
+
+
 def assert_api_key_nowhere(host: EngineHost, runs: list) -> None:
     """The API key is in no process argument, unit file, journal line or runner artifact of `runs`."""
     assert API_KEY not in host.sh("ps -eo args")

@@ -21,12 +21,14 @@ from tests.integration.lifecycle_helpers import (
     API_KEY,
     CONTAINER_MARKS,
     assert_api_key_nowhere,
+    assert_boots,
     booted_engine_host,
     build_profiles,
     deploy,
     inventory_vars,
     main_pid,
     release,
+    what_boots,
 )
 from tests.integration.real_engine_scenario import secret_forms
 
@@ -84,7 +86,7 @@ def test_deploy_sglang_serves(host, runs):
     runs.append(run)
     assert run.status == "successful", run.stdout[-3000:]
     assert host.unit("sglang.service")["ActiveState"] == "active"
-    assert host.unit("sglang.service")["UnitFileState"] == "enabled"
+    assert_boots(host, "sglang.service", host.state()["current"])
     assert host.health() == 200
     assert "ENGINE TEST DOUBLE" in run.stdout
     state = host.state()
@@ -238,9 +240,8 @@ def test_deploy_vllm_replaces_sglang(host, runs):
     run = deploy(host, runs, "deploy_vllm.yml")
     assert run.status == "successful", run.stdout[-3000:]
     assert host.unit("vllm.service")["ActiveState"] == "active"
-    assert host.unit("vllm.service")["UnitFileState"] == "enabled"
+    assert_boots(host, "vllm.service", host.state()["current"])
     assert host.unit("sglang.service")["ActiveState"] == "inactive"
-    assert host.unit("sglang.service")["UnitFileState"] == "disabled"
     assert host.health() == 200
 
 
@@ -306,7 +307,7 @@ def test_deploy_sglang_again_leaves_exactly_one_engine(host, runs):
     assert run.status == "successful", run.stdout[-3000:]
     assert host.unit("sglang.service")["ActiveState"] == "active"
     assert host.unit("vllm.service")["ActiveState"] == "inactive"
-    assert host.unit("vllm.service")["UnitFileState"] == "disabled"
+    assert_boots(host, "sglang.service", host.state()["current"])
     state = host.state()
     assert state["current"].startswith("sglang-") and state["previous"].startswith("vllm-")
 
@@ -356,6 +357,8 @@ def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, r
     for unit in ("sglang.service", "vllm.service"):
         assert host.unit(unit)["ActiveState"] == "inactive"
         assert host.unit(unit)["UnitFileState"] == "disabled"
+    # The boot unit stays; state.json says stopped, so it starts nothing.
+    assert what_boots(host)["unit"] is None and what_boots(host)["why"] == "state.json: stopped (teardown)"
     # the unit's processes are gone; the hand-made session's engine look-alike lives and is named
     assert host.sh(f"pgrep -u sglang -d ' ' . | tr ' ' '\\n' | grep -vx {session} || true") == ""
     assert host.sh(f"kill -0 {session} && echo alive") == "alive"

@@ -84,8 +84,9 @@ def test_rollout_stops_at_a_failing_host_which_is_rolled_back(fleet, tmp_path):
 
 
 def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet, tmp_path):
-    """After the failed rollout (host 1: the new release; host 2: rolled back, its failed release named; host 3:
-    untouched), with host 3's state.json cut in the middle of a write and a fourth host that does not exist:
+    """After the failed rollout (host 1: the new release, then switched to vLLM; host 2: rolled back, its failed
+    release named; host 3: untouched), with host 3's state.json cut in the middle of a write and a fourth host that
+    does not exist:
     status.yml through the CI entry prints a line per host and the fleet's, changes nothing, writes the report the
     hosts agree with, holds no secret, and fails naming the two it could not read."""
     gone = "bws-it-fleet-gone"
@@ -95,7 +96,10 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
     members = hosts["all"]["children"]["gpu_servers"]["hosts"]
     members[gone] = dict(members[HOSTS[0]])
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    switched = fleet.run_playbook("playbooks/deploy_vllm.yml", limit=HOSTS[0])
+    assert switched.status == "successful", switched.stdout[-3000:]
     serving = {h: release(fleet, h) for h in HOSTS[:2]}
+    engines = {HOSTS[0]: "vllm", HOSTS[1]: "sglang"}
     state = "/var/lib/llm-serving/state.json"
     third = fleet.on(HOSTS[2])
     third.sh(f"cp -p {state} {state}.whole && head -c 20 {state}.whole > {state}")
@@ -111,7 +115,8 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
     out = " ".join(" ".join(printed).split())
     assert result.returncode != 0, result.stdout[-3000:]
     for host in HOSTS[:2]:
-        assert re.search(rf"{host}: sglang {serving[host]} serving since \S+, /health 200 in \d+ ms", out), out[-3000:]
+        assert re.search(rf"{host}: {engines[host]} {serving[host]} serving since \S+, /health 200 in \d+ ms", out), \
+            out[-3000:]
     assert f"{HOSTS[2]}: state unreadable: state.json is not valid JSON" in out, out[-3000:]
     assert f"{gone}: did not answer" in out, out[-3000:]
     unreadable = ", ".join(sorted([HOSTS[2], gone]))
@@ -120,6 +125,8 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
     assert report["broken"] == sorted([HOSTS[2], gone])
     for host in HOSTS[:2]:
         assert report["hosts"][host]["release_id"] == serving[host]
+        assert report["hosts"][host]["engine"] == engines[host]
+        assert report["hosts"][host]["boot"]["release"] == serving[host] and report["hosts"][host]["boot"]["enabled"]
         assert report["hosts"][host]["rollback"] == json.loads(fleet.on(host).sh(f"cat {state}"))["previous"]
     failed = json.loads(fleet.on(HOSTS[1]).sh(f"cat {state}")).get("failed")
     assert failed and report["hosts"][HOSTS[1]]["failed_release"] == failed

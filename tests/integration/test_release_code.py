@@ -10,15 +10,23 @@ and run in file order; each states the host it leaves behind.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.engine_host import EngineHost, podman
+from tests.integration.engine_host import REPO, EngineHost, podman
 from tests.integration.engine_wheels import build_wheel, download_uv_wheel, write_lock
-from tests.integration.lifecycle_helpers import CONTAINER_MARKS, deploy, interrupted_deploy, inventory_vars
+from tests.integration.lifecycle_helpers import (
+    CONTAINER_MARKS,
+    assert_boots,
+    deploy,
+    interrupted_deploy,
+    inventory_vars,
+)
 
 pytestmark = CONTAINER_MARKS
 
@@ -110,6 +118,60 @@ def power_cut_during(host: EngineHost, extravars: dict, cut_when) -> None:
     wait_for(lambda: host.sh("systemctl is-system-running --wait 2>/dev/null; true", check=False) != "", "boot")
 
 
+ENGINE_UNITS = ("sglang.service", "vllm.service")
+SAMPLES = "/var/tmp/bws-boot-samples.log"
+# Every 20 ms: state.json, the engine units' files in /etc (short digests) and the units wanted at boot, one line.
+SAMPLER = f"""rm -f {SAMPLES} /run/bws-sampler.stop
+while [ ! -e /run/bws-sampler.stop ]; do
+  s=$(tr -d '\\n ' < /var/lib/llm-serving/state.json 2>/dev/null)
+  e=$(for u in {' '.join(ENGINE_UNITS)}; do
+         printf '%s:' "$u"; sha256sum < /etc/systemd/system/$u 2>/dev/null | cut -c1-16; echo
+       done | tr '\\n' ',')
+  w=$(ls /etc/systemd/system/multi-user.target.wants/ 2>/dev/null | tr '\\n' ',')
+  echo "$s|$e|$w" >> {SAMPLES}
+  sleep 0.02
+done"""
+
+
+def engine_boot_program():
+    """The boot unit's own program (roles/engine_service/files/engine_boot.py), to judge each sample as it would."""
+    spec = importlib.util.spec_from_file_location("engine_boot", REPO / "roles/engine_service/files/engine_boot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def boot_samples(host: EngineHost):
+    """Sample, every 20 ms while the block runs, what a power cut at that instant would boot; yields a list filled
+    with one (state.json, units in /etc, units started at boot) per sample when the block ends."""
+    samples: list[dict] = []
+    host.sh(f"cat > /run/bws-sampler.sh <<'EOF'\n{SAMPLER}\nEOF\nsetsid sh /run/bws-sampler.sh >/dev/null 2>&1 &")
+    try:
+        yield samples
+    finally:
+        host.sh("touch /run/bws-sampler.stop; sleep 0.2")
+    units_of = dict(line.split() for line in host.sh(
+        "python3 -c \"import glob, json; [print(p.split('/')[-2], json.load(open(p))['unit'])"
+        " for p in glob.glob('/var/lib/llm-serving/releases/*/release.json')]\"").splitlines())
+    program = engine_boot_program()
+    for line in host.sh(f"cat {SAMPLES}").splitlines():
+        state_text, etc, wants = line.split("|")
+        state = json.loads(state_text) if state_text else None
+        release, _ = program.release_to_boot(state)
+        wanted = set(filter(None, wants.split(",")))
+        chosen = {units_of[release]} if release and "llm-serving-boot.service" in wanted else set()
+        samples.append({"state": state_text, "etc": etc, "release": release,
+                        "boots": sorted(chosen | (wanted & set(ENGINE_UNITS)))})
+    assert samples, "the sampler took no sample"
+
+
+def assert_one_engine_boots_throughout(samples: list[dict], what: str) -> None:
+    wrong = [s for s in samples if len(s["boots"]) != 1]
+    assert not wrong, (f"{what}: {len(wrong)} of {len(samples)} samples would boot {len(wrong[0]['boots'])} "
+                       f"engine units: {wrong[0]}")
+
+
 def test_lock_a_is_installed_into_a_venv_of_its_own_and_serves_from_it(host, runs, locks, served):
     run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["A"]))
     assert run.status == "successful", run.stdout[-3000:]
@@ -123,20 +185,53 @@ def test_lock_a_is_installed_into_a_venv_of_its_own_and_serves_from_it(host, run
     # Committed: the unit the host boots into is this release's, and no trial copy is left.
     assert host.sh(f"test -e {TRIAL_UNIT} && echo trial || echo none") == "none"
     assert venv in host.sh("cat /etc/systemd/system/sglang.service")
-    assert host.unit("sglang.service")["UnitFileState"] == "enabled"
+    assert_boots(host, "sglang.service", host.state()["current"])
     served.update(release_a=host.state()["current"], venv_a=venv, digest_a=tree_digest(host, venv))
 
-    # The same lock again: the venv is found by its content, nothing is built or written.
+    # The same lock again: the fast path reads the host once and ends; nothing is built, written or restarted.
+    pid = host.unit("sglang.service")["MainPID"]
     again = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["A"]))
     assert again.status == "successful" and again.count("changed", host.name) == 0, again.stdout[-3000:]
-    build = again.results("python_env : Create the venv in its build directory", host.name)
-    assert all(result["_event"] == "runner_on_skipped" for result in build), build
-    assert tree_digest(host, venv) == served["digest_a"]
+    said = " ".join(again.stdout.split())
+    assert f"No change on {host.name}: release {served['release_a']} already serves exactly this deploy" in said, said
+    assert again.results("python_env : Create the venv in its build directory", host.name) == []
+    assert again.results("engine_service : Release | write the release and the host files it needs, read what serves",
+                         host.name) == []
+    assert tree_digest(host, venv) == served["digest_a"] and host.unit("sglang.service")["MainPID"] == pid
+
+
+def test_drift_sends_the_deploy_down_the_full_path_which_repairs_it(host, runs, locks, served):
+    """A unit edited by hand, a configuration edited by hand, a stopped engine: each is said, repaired by the full
+    path, and the next run is a no-op again."""
+    release_dir = f"/var/lib/llm-serving/releases/{served['release_a']}"
+    drifts = {
+        "/etc/systemd/system/sglang.service changed":
+            "sed -i 's/^Restart=.*/Restart=no/' /etc/systemd/system/sglang.service && systemctl daemon-reload",
+        f"{release_dir}/config.yaml changed": f"sed -i 's/^port: .*/port: 30001/' {release_dir}/config.yaml",
+        "sglang.service is inactive, not active": "systemctl stop sglang.service",
+    }
+    for said, drift in drifts.items():
+        pristine = host.sh(f"sha256sum /etc/systemd/system/sglang.service {release_dir}/config.yaml")
+        pid = host.unit("sglang.service")["MainPID"]
+        host.sh(drift)
+        run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["A"]))
+        assert run.status == "successful", run.stdout[-3000:]
+        assert f"Full deploy on {host.name}: " in run.stdout and said in " ".join(run.stdout.split()), said
+        # Repaired: the files as the release holds them, the engine restarted on them and answering.
+        assert host.sh(f"sha256sum /etc/systemd/system/sglang.service {release_dir}/config.yaml") == pristine
+        assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
+        assert host.unit("sglang.service")["MainPID"] != pid and host.state()["current"] == served["release_a"]
+    again = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["A"]))
+    assert "No change on" in again.stdout and again.count("changed", host.name) == 0, again.stdout[-3000:]
 
 
 def test_a_failed_version_bump_rolls_back_to_the_previous_code_untouched(host, runs, locks, served):
-    run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["B"]))
+    with boot_samples(host) as samples:
+        run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["B"]))
     assert run.status == "failed", run.stdout[-3000:]
+    # A power cut at any instant of the switch, the failed gate and its rollback boots release A, and only it.
+    assert_one_engine_boots_throughout(samples, "a failed gate's rollback")
+    assert {s["release"] for s in samples} == {served["release_a"]}, samples[::20]
     assert f"Rolled back: {served['release_a']} is serving again" in " ".join(run.stdout.split())
     state = host.state()
     assert state["current"] == served["release_a"] and state["failed"] != served["release_a"]
@@ -197,9 +292,15 @@ def test_a_power_cut_before_the_gate_boots_the_last_release_that_served(host, ru
     assert host.sh("cat /proc/$(systemctl show -p MainPID --value sglang.service)/environ | tr '\\0' '\\n'"
                    " | grep -c ENGINE_DOUBLE_FAULT || true") == "0"
 
-    # A re-run (without the fault) deploys the release that served again and records it as serving.
-    run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["C"]))
+    # A re-run (without the fault) deploys the release that served again and records it as serving. The host's
+    # engine unit is enabled as a deploy before the boot unit left it: the deploy disables it, never leaving two
+    # things or none to start an engine at boot.
+    host.sh("systemctl enable sglang.service")
+    with boot_samples(host) as samples:
+        run = deploy(host, runs, "deploy_sglang.yml", sglang_lock_file=str(locks["C"]))
     assert run.status == "successful", run.stdout[-3000:]
+    assert_one_engine_boots_throughout(samples, "a deploy's switch")
+    assert_boots(host, "sglang.service", served["release_c"])
     assert host.state()["current"] == served["release_c"] and host.state()["status"] == "serving"
     assert host.health() == 200
 
@@ -232,8 +333,13 @@ def test_rollback_to_a_kept_release_starts_it_from_its_own_venv_and_keeps_the_on
             f" to release {served['release_a']}") in said, said[-2000:]
     assert unit_now(host) == before
 
-    run = deploy(host, runs, "rollback.yml", release=served["release_a"])
+    with boot_samples(host) as samples:
+        run = deploy(host, runs, "rollback.yml", release=served["release_a"])
     assert run.status == "successful", run.stdout[-3000:]
+    assert_one_engine_boots_throughout(samples, "rollback.yml")
+    # What a power cut would leave on disk at each step (the last test boots each of them).
+    served["rollback_cuts"] = list(dict.fromkeys((s["state"], s["etc"]) for s in samples))
+    assert_boots(host, "sglang.service", served["release_a"])
     assert f"rolled back to {served['release_a']}" in " ".join(run.stdout.split())
     assert host.state() == {"current": served["release_a"], "previous": served["release_c"], "status": "serving"}
     assert f"{served['venv_a']}/bin/sglang serve --config" in running_command(host)
@@ -243,8 +349,10 @@ def test_rollback_to_a_kept_release_starts_it_from_its_own_venv_and_keeps_the_on
     assert host.sh(f"test -e {TRIAL_UNIT} && echo trial || echo none") == "none"
 
     # Without -e release: the previous one, the release it left, forward again.
-    forward = deploy(host, runs, "rollback.yml")
+    with boot_samples(host) as samples:
+        forward = deploy(host, runs, "rollback.yml")
     assert forward.status == "successful", forward.stdout[-3000:]
+    assert_one_engine_boots_throughout(samples, "rollback.yml forward")
     assert host.state() == {"current": served["release_c"], "previous": served["release_a"], "status": "serving"}
     assert f"{served['venv_c']}/bin/sglang serve --config" in running_command(host)
     assert host.health() == 200
@@ -267,3 +375,26 @@ def test_rollback_to_a_release_whose_venv_was_pruned_or_that_is_not_kept_is_refu
     assert gone.status == "failed"
     assert "release sglang-000000000000 is not kept on this host (kept: " in " ".join(gone.stdout.split())
     assert unit_now(host) == before
+
+
+def test_a_power_cut_at_any_step_of_a_rollback_boots_the_release_state_json_names(host, served):
+    """Each distinct state of the disk the sampler saw during rollback.yml's switch from C to A (state.json and the
+    unit in /etc; /run is lost to a power cut), put back and booted: the release state.json names starts, alone."""
+    cuts = served["rollback_cuts"]
+    assert len(cuts) >= 3, cuts  # at least: switching with C's unit in /etc, switching with A's, serving A
+    digests = dict(line.split() for line in host.sh(
+        "cd /var/lib/llm-serving/releases && for r in *; do echo \"$(sha256sum < $r/sglang.service | cut -c1-16) $r\";"
+        " done").splitlines())
+    program = engine_boot_program()
+    for state_text, etc in cuts[1:]:  # the first is the state before the rollback began: a host at rest
+        etc_release = digests[etc.split(",")[0].removeprefix("sglang.service:")]
+        state = json.loads(state_text)
+        host.sh(f"cp /var/lib/llm-serving/releases/{etc_release}/sglang.service /etc/systemd/system/sglang.service && "
+                f"printf '%s\\n' '{json.dumps(state)}' > /var/lib/llm-serving/state.json && sync")
+        podman("restart", "-t", "0", host.name)
+        wait_for(lambda: host.health() == 200, f"the boot after a cut at {state} (/etc: {etc_release})", host=host)
+        booted, _ = program.release_to_boot(state)
+        command = running_command(host)
+        assert f"/var/lib/llm-serving/releases/{booted}/config.yaml" in command, (state, etc_release, command)
+        assert host.unit("vllm.service")["ActiveState"] == "inactive"
+        assert json.loads(host.sh("cat /var/lib/llm-serving/state.json")) == state

@@ -3,12 +3,18 @@
 """The host's release state (state.json): which release serves, which one served before, and what happens to
 them on a switch, a rollback, a teardown and when old releases are pruned.
 
-state.json holds {"current", "previous", "status"[, "failed"]}:
+state.json holds {"current", "previous", "status"[, "boot"][, "failed"]}:
 - status "serving": `current` answered /health and passed its gate;
-- status "switching": a deploy stopped what served and is starting `current`; it is not known to serve
-  (an interrupted deploy leaves this; its re-run finishes it), and `previous` is the last release that served;
+- status "switching": a deploy (or rollback) stopped what served and is starting `current`; it is not known to
+  serve (an interrupted deploy leaves this; its re-run finishes it); `previous` is what a failed gate goes back to,
+  and `boot` the last release that passed its gate, which a reboot starts (the same as `previous`, except where the
+  release being started is itself the last that passed, or nothing served before: null). A switching state written
+  before `boot` existed boots `previous`;
 - status "stopped": teardown stopped `current`; it served before and may be rolled back to.
 A state.json written before "status" existed is read as serving.
+
+What a reboot starts is what state.json says (release_to_boot; the boot unit's program,
+roles/engine_service/files/engine_boot.py, decides the same way), so it changes in the rename that writes state.json.
 
 Standard library only: the gpu_release module records a teardown on the target with it, and the engine_service
 role's release_state filters (controller side) are these functions.
@@ -36,29 +42,36 @@ def release_state(raw: Any) -> dict:
 def release_last_good(state: dict) -> str | None:
     """The newest release known to have served: current unless a switch to it never finished."""
     state = release_state(state)
-    return state["previous"] if state["status"] == "switching" else state["current"]
+    if state["status"] == "switching":
+        return state.get("boot") if "boot" in state else state["previous"]
+    return state["current"]
+
+
+def release_to_boot(state: dict) -> str | None:
+    """The release a reboot starts: the last good one, none after a teardown (stopped) or before any served."""
+    state = release_state(state)
+    return None if state["status"] == "stopped" else release_last_good(state)
 
 
 def release_rollback_target(state: dict, release_id: str) -> str | None:
     """The release a failed deploy of `release_id` goes back to: never `release_id` itself."""
     state = release_state(state)
-    good = release_last_good(state)
-    if good and good != release_id:
-        return good
-    previous = state["previous"]
-    return previous if previous and previous != release_id and state["status"] != "switching" else None
+    return next((r for r in (release_last_good(state), state["previous"]) if r and r != release_id), None)
 
 
 def release_state_switching(state: dict, release_id: str) -> dict:
-    """Written before the switch: `release_id` is being started, the last good release is kept as previous."""
-    return {"current": release_id, "previous": release_rollback_target(state, release_id), "status": "switching"}
+    """Written before the switch: `release_id` is being started; the rollback target is kept as previous, and the
+    release a reboot starts meanwhile (the last good one; none on a host teardown stopped) as boot."""
+    return {"current": release_id, "previous": release_rollback_target(state, release_id), "status": "switching",
+            "boot": release_to_boot(state)}
 
 
 def release_state_serving(state: dict, release_id: str) -> dict:
     """Written once `release_id` answered /health and passed its gate."""
     state = release_state(state)
     if state["current"] == release_id:
-        return {"current": release_id, "previous": state["previous"], "status": "serving"}
+        previous = state["previous"] if state["previous"] != release_id else None
+        return {"current": release_id, "previous": previous, "status": "serving"}
     return {"current": release_id, "previous": release_rollback_target(state, release_id), "status": "serving"}
 
 
@@ -77,8 +90,9 @@ def release_state_stopped(state: dict) -> dict:
     if not state["current"]:
         return state
     if state["status"] == "switching":
-        return {"current": state["previous"], "previous": None, "status": "stopped"} if state["previous"] \
-            else {"current": None, "previous": None, "status": "stopped"}
+        good = release_last_good(state)
+        previous = state["previous"] if good and state["previous"] not in (good, state["current"]) else None
+        return {"current": good, "previous": previous, "status": "stopped"}
     return {"current": state["current"], "previous": state["previous"], "status": "stopped"}
 
 

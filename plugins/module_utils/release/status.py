@@ -31,6 +31,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.state im
     JsonFileError,
     read_json_file,
     release_state,
+    release_to_boot,
 )
 
 UNKNOWN = "unknown"
@@ -167,6 +168,24 @@ def unit_view(name: str | None, properties: dict[str, str] | None, systemd: bool
     return view
 
 
+def boot_view(name: str, properties: dict[str, str] | None, systemd: bool, state: dict[str, Any] | None,
+              state_dir: str) -> dict[str, Any]:
+    """What a reboot would start: the boot unit (enabled?) and the release state.json names for boot, with its unit
+    (the engine boot program's choice, roles/engine_service/files/engine_boot.py: serving → current, switching → the
+    last release that passed its gate, stopped → none)."""
+    props = properties or {}
+    boots = release_to_boot(state) if state else None
+    unit = None
+    if boots and "/" not in str(boots):
+        try:
+            metadata = _json_file(os.path.join(state_dir, "releases", str(boots), RELEASE_FILE))
+        except StateError:
+            metadata = None
+        unit = metadata.get("unit") if isinstance(metadata, dict) else None
+    return {"unit": name, "enabled": props.get("UnitFileState") in ENABLED_STATES if systemd else None,
+            "unit_file_state": props.get("UnitFileState"), "release": boots, "engine_unit": unit}
+
+
 # ---------------------------------------------------------------- GPUs
 
 def gpu_view(gpus: list[dict[str, Any]], apps: list[dict[str, Any]], engine_pids: set[int],
@@ -211,11 +230,17 @@ def problems_of(status: dict[str, Any], engine_units: dict[str, dict[str, Any]])
         return ["nothing was deployed here (no state.json)"]
     if state == "switching":
         problems.append(f"the deploy of {status['release_id']} did not finish (state.json says switching; the last "
-                        f"release that served is {status['rollback'] or 'none'}): re-run that deploy")
+                        f"release that served is {(status.get('boot') or {}).get('release') or 'none'}): "
+                        "re-run that deploy")
     if state in ("serving", "switching") and unit["active_state"] not in ("active", UNKNOWN):
         problems.append(f"{unit['name']} is {unit['active_state']}, not active")
-    if state == "serving" and unit["enabled"] is False:
-        problems.append(f"{unit['name']} is not enabled ({unit['unit_file_state']}): a reboot would not start it")
+    boot = status.get("boot") or {}
+    if state in ("serving", "switching") and boot.get("enabled") is False:
+        problems.append(f"{boot['unit']} is not enabled ({boot['unit_file_state']}): a reboot starts no engine")
+    for name, other in engine_units.items():
+        if other.get("enabled"):
+            problems.append(f"{name} is enabled: a reboot would start it besides the release state.json names "
+                            f"(re-run the deploy; it disables it)")
     if state in ("serving", "switching") and health["status"] != 200:
         answer = f"answered {health['status']}" if health["status"] is not None else health["error"]
         problems.append(f"/health {answer}")

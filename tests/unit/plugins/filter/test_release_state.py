@@ -30,7 +30,7 @@ def test_an_unknown_status_is_refused():
 
 def test_a_successful_switch_keeps_what_served_as_previous():
     switching = rs.release_state_switching(SERVING, "sglang-b")
-    assert switching == {"current": "sglang-b", "previous": "sglang-a", "status": "switching"}
+    assert switching == {"current": "sglang-b", "previous": "sglang-a", "status": "switching", "boot": "sglang-a"}
     assert rs.release_state_serving(SERVING, "sglang-b") == {
         "current": "sglang-b", "previous": "sglang-a", "status": "serving"}
 
@@ -72,6 +72,49 @@ def test_teardown_records_stopped_and_keeps_the_release_to_come_back_to():
     # Teardown after an interrupted deploy: the unconfirmed release is not kept as current.
     interrupted = rs.release_state_switching(SERVING, "sglang-b")
     assert rs.release_state_stopped(interrupted) == {"current": "sglang-a", "previous": None, "status": "stopped"}
+
+
+def test_redeploying_the_release_that_serves_boots_it_meanwhile_and_keeps_its_previous():
+    # Its unit had stopped, say: while it is started again, a reboot starts it, and a failed gate goes to vllm-p.
+    switching = rs.release_state_switching(SERVING, "sglang-a")
+    assert switching == {"current": "sglang-a", "previous": "vllm-p", "status": "switching", "boot": "sglang-a"}
+    assert rs.release_to_boot(switching) == "sglang-a"
+    assert rs.release_state_serving(switching, "sglang-a") == {
+        "current": "sglang-a", "previous": "vllm-p", "status": "serving"}
+
+
+def test_the_rerun_after_an_interrupted_deploy_of_another_release_boots_the_one_that_served():
+    # A deploy of h was cut before its gate; the re-run deploys c, the last release that served, again.
+    cut = {"current": "sglang-h", "previous": "sglang-c", "status": "switching"}  # written before `boot` existed
+    assert rs.release_to_boot(cut) == "sglang-c"
+    rerun = rs.release_state_switching(cut, "sglang-c")
+    assert rerun == {"current": "sglang-c", "previous": None, "status": "switching", "boot": "sglang-c"}
+    assert rs.release_to_boot(rerun) == "sglang-c"
+
+
+def test_nothing_boots_during_a_first_deploy_or_a_deploy_on_a_host_teardown_stopped():
+    assert rs.release_to_boot(rs.release_state_switching(None, "sglang-a")) is None
+    stopped = rs.release_state_stopped(SERVING)
+    switching = rs.release_state_switching(stopped, "sglang-b")
+    assert rs.release_to_boot(stopped) is None and rs.release_to_boot(switching) is None
+    # A failed gate still goes back to the release teardown stopped (it served), as before.
+    assert rs.release_rollback_target(stopped, "sglang-b") == "sglang-a" == switching["previous"]
+
+
+@pytest.mark.parametrize("state", [
+    None, SERVING, {"current": "a", "previous": None}, rs.release_state_stopped(SERVING),
+    rs.release_state_switching(SERVING, "sglang-b"), rs.release_state_switching(SERVING, "sglang-a"),
+    rs.release_state_switching(None, "sglang-a"),
+    {"current": "sglang-h", "previous": "sglang-c", "status": "switching"},
+    rs.release_state_switching(rs.release_state_stopped(SERVING), "sglang-b"),
+])
+def test_the_boot_units_program_boots_what_the_deploy_means_by_state_json(state):
+    """Parity: roles/engine_service/files/engine_boot.py (on the host, at boot) and release_to_boot (deploy, status)."""
+    boot_spec = importlib.util.spec_from_file_location(
+        "engine_boot", REPO / "roles/engine_service/files/engine_boot.py")
+    engine_boot = importlib.util.module_from_spec(boot_spec)
+    boot_spec.loader.exec_module(engine_boot)
+    assert engine_boot.release_to_boot(state)[0] == rs.release_to_boot(state)
 
 
 def dirs(*names_mtimes):

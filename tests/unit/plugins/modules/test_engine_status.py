@@ -216,33 +216,39 @@ def test_check_mode_reads_the_same_and_writes_nothing(tmp_path, health, capsys, 
     assert checked["changed"] is False and checked["state"] == "serving" and checked["health"]["status"] == 200
 
 
-def test_the_unit_says_since_when_it_serves_whether_it_is_enabled_and_what_else_runs(tmp_path, health, capsys,
-                                                                                     monkeypatch):
+def test_the_unit_says_since_when_it_serves_what_boots_and_what_else_runs(tmp_path, health, capsys, monkeypatch):
     state_dir = tmp_path / "llm-serving"
     serving_host(state_dir, health(200))
     started_s_ago = 3600
     monotonic_usec = str(int((time.monotonic() - started_s_ago) * 1e6))
     units = {"sglang.service": {"LoadState": "loaded", "ActiveState": "active", "SubState": "running",
-                                "UnitFileState": "enabled", "ActiveEnterTimestampMonotonic": monotonic_usec},
-             "vllm.service": {"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"}}
+                                "UnitFileState": "disabled", "ActiveEnterTimestampMonotonic": monotonic_usec},
+             "vllm.service": {"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"},
+             "llm-serving-boot.service": {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}}
     result = run(capsys, monkeypatch, state_dir, units=units)
     expected = time.time() - started_s_ago
     since = datetime.strptime(result["serving_since"], "%Y-%m-%dT%H:%M:%SZ").replace(
         tzinfo=timezone.utc).timestamp()
     assert abs(since - expected) < 5, result["serving_since"]
-    assert result["unit"]["active_state"] == "active" and result["unit"]["enabled"] is True
+    assert result["unit"]["active_state"] == "active"
+    assert result["boot"] == {"unit": "llm-serving-boot.service", "enabled": True, "unit_file_state": "enabled",
+                              "release": "sglang-7222bd6d61dd", "engine_unit": "sglang.service"}
     assert result["problems"] == []
     assert f" serving since {result['serving_since'][:16]}Z, /health 200 in " in result["summary"]
 
-    units["sglang.service"].update(UnitFileState="disabled")
+    # A host deployed before the boot unit existed (its engine unit enabled), another engine running.
+    units["llm-serving-boot.service"].update(UnitFileState="disabled")
+    units["sglang.service"].update(UnitFileState="enabled")
     units["vllm.service"].update(ActiveState="active")
     result = run(capsys, monkeypatch, state_dir, units=units)
     assert result["problems"] == [
-        "sglang.service is not enabled (disabled): a reboot would not start it",
+        "llm-serving-boot.service is not enabled (disabled): a reboot starts no engine",
+        "sglang.service is enabled: a reboot would start it besides the release state.json names (re-run the "
+        "deploy; it disables it)",
         "vllm.service is active too, but the current release runs sglang.service"]
     assert result["summary"].endswith("; PROBLEMS: " + "; ".join(result["problems"]))
 
-    units["sglang.service"].update(ActiveState="failed", UnitFileState="enabled")
+    units["sglang.service"].update(ActiveState="failed", UnitFileState="disabled")
     units["vllm.service"].update(ActiveState="inactive")
     result = run(capsys, monkeypatch, state_dir, units=units)
     assert result["serving_since"] == "unknown" and result["problems"][0] == "sglang.service is failed, not active"
