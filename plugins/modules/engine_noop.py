@@ -154,7 +154,8 @@ def runtime_drift(module: AnsibleModule, stamp: dict) -> tuple[list[str], int | 
         return drift, None
     health = probe_health(stamp.get("health_url"), params["health_timeout_s"])
     if health["status"] != 200:
-        drift.append(f"/health {('answered ' + str(health['status'])) if health['status'] else health['error']}")
+        answer = f"answered {health['status']}" if health["status"] else health["error"]
+        drift.append(f"the release's health URL ({health['url']}) {answer}")
     return drift, health["latency_ms"]
 
 

@@ -82,9 +82,9 @@ def runs(tmp_path_factory) -> dict[str, PlaybookRun]:
         return dict(zip(ENTRY_POINTS, pool.map(run, ENTRY_POINTS), strict=True))
 
 
-def test_the_entry_points_are_the_nine_playbooks() -> None:
+def test_the_entry_points_are_the_ten_playbooks() -> None:
     assert ENTRY_POINTS == ["deploy_sglang.yml", "deploy_vllm.yml", "fetch_models.yml", "launch.yml",
-                            "provision.yml", "site.yml", "status.yml", "teardown.yml", "verify.yml"]
+                            "provision.yml", "rollback.yml", "site.yml", "status.yml", "teardown.yml", "verify.yml"]
 
 
 @pytest.mark.parametrize("playbook", ENTRY_POINTS)

@@ -119,7 +119,7 @@ DRIFTS = {
                            f"{BOOT} is not enabled"),
     "on trial": (lambda h: ((h["tmp"] / "run").mkdir(), (h["tmp"] / "run" / "sglang.service").write_text("")), {},
                  "sglang.service runs on trial"),
-    "unhealthy": (lambda h: setattr(h["handler"], "code", 503), {}, "/health answered 503"),
+    "unhealthy": (lambda h: setattr(h["handler"], "code", 503), {}, "/health) answered 503"),
 }
 
 
