@@ -109,6 +109,7 @@ health_ms:
 """
 
 import os
+import threading
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import (
@@ -130,42 +131,45 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.noop imp
 from ansible_collections.blackwell.serving.plugins.module_utils.release.status import probe_health
 
 
-def runtime_drift(module: AnsibleModule, stamp: dict) -> tuple[list[str], int | None]:
-    """What runs: the unit active and not on trial, only the boot unit enabled, /health 200."""
+def runtime_drift(module: AnsibleModule, stamp: dict) -> list[str]:
+    """What runs: the unit active and not on trial, only the boot unit enabled."""
     params, unit = module.params, stamp.get("unit")
     drift: list[str] = []
     if os.path.exists(os.path.join(params["trial_unit_dir"], str(unit))):
         drift.append(f"{unit} runs on trial ({params['trial_unit_dir']})")
     systemctl = systemctl_here()
     if systemctl is None:
-        return [*drift, "systemd does not run here"], None
+        return [*drift, "systemd does not run here"]
     names = list(dict.fromkeys([*params["units"], str(unit), params["boot_unit"]]))
     try:
         shown = show_units(names, ("ActiveState", "UnitFileState"), systemctl=systemctl, run=module.run_command)
     except SystemdError as exc:
-        return [*drift, f"systemd could not be read: {exc}"], None
+        return [*drift, f"systemd could not be read: {exc}"]
     if shown.get(unit, {}).get("ActiveState") != "active":
         drift.append(f"{unit} is {shown.get(unit, {}).get('ActiveState') or 'unknown'}, not active")
     if shown.get(params["boot_unit"], {}).get("UnitFileState") not in ENABLED_STATES:
         drift.append(f"{params['boot_unit']} is not enabled")
-    drift += [f"{name} is enabled" for name in params["units"]
-              if shown.get(name, {}).get("UnitFileState") in ENABLED_STATES]
-    if drift:
-        return drift, None
-    health = probe_health(stamp.get("health_url"), params["health_timeout_s"])
-    if health["status"] != 200:
-        answer = f"answered {health['status']}" if health["status"] else health["error"]
-        drift.append(f"the release's health URL ({health['url']}) {answer}")
-    return drift, health["latency_ms"]
+    return drift + [f"{name} is enabled" for name in params["units"]
+                    if shown.get(name, {}).get("UnitFileState") in ENABLED_STATES]
 
 
 def check(module: AnsibleModule) -> dict:
     stamp, drift = stamp_drift(module.params["state_dir"], module.params["fingerprint"])
-    health_ms = None
-    if stamp is not None and not drift:
-        drift, health_ms = runtime_drift(module, stamp)
-    return {"changed": False, "noop": not drift, "drift": drift,
-            "release_id": stamp.get("release") if stamp else None, "health_ms": health_ms}
+    if stamp is None or drift:
+        return {"changed": False, "noop": False, "drift": drift, "release_id": stamp.get("release") if stamp else None,
+                "health_ms": None}
+    # SGLang's /health runs a generation and looks for it after a second: asked first, beside the other reads.
+    health: dict = {}
+    asking = threading.Thread(target=lambda: health.update(
+        probe_health(stamp.get("health_url"), module.params["health_timeout_s"])), daemon=True)
+    asking.start()
+    drift = runtime_drift(module, stamp)
+    asking.join()
+    if health.get("status") != 200:
+        answer = f"answered {health['status']}" if health.get("status") else health.get("error") or "no answer"
+        drift.append(f"the release's health URL ({health.get('url')}) {answer}")
+    return {"changed": False, "noop": not drift, "drift": drift, "release_id": stamp.get("release"),
+            "health_ms": health.get("latency_ms")}
 
 
 def record(module: AnsibleModule) -> dict:

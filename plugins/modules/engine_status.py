@@ -15,7 +15,8 @@ description:
     unit (its ActiveState, whether it is enabled, since when it is active), the release's C(/health) (HTTP status
     and latency, one request of at most O(health_timeout_s)), the GPUs where nvidia-smi is present (how many, the
     memory the engine unit's processes hold, and foreign compute holders by pid, user and process title), the
-    releases kept on disk and the one a rollback would start (C(previous) in C(state.json)).
+    releases kept on disk and the one a rollback would start (C(previous) in C(state.json)), what a reboot would
+    start, and the last verdict of verify or the deploy's gate the host recorded (C(verdict.json)).
   - Says what is wrong in RV(problems) and in one line, RV(summary).
   - A C(state.json) that is not valid JSON (truncated, half-written) or that names a release whose C(release.json)
     is missing does not fail the task, since the fleet status goes on with the other hosts. The result then has
@@ -152,6 +153,14 @@ boot:
       release C(state.json) names for boot and its unit, null for none).
   type: dict
   returned: always
+verdict:
+  description:
+    - The last verdict the host recorded (C(verdict.json), written by verify and the deploy's gate) - release, kind
+      (C(gate) or C(verify)), mode, passed, speedup (the lowest measured at the gated levels, or null), failures, and
+      recorded (UTC, when it was written; a later run with the same outcome leaves it). Null without one.
+    - A smoke check that fails stops verify before it records anything; the record says the last outcome reached.
+  type: dict
+  returned: always
 unit:
   description: The current release's unit - name, load_state, active_state (C(unknown) without systemd), sub_state,
     unit_file_state, enabled (null without systemd), active_since (UTC, while active).
@@ -217,6 +226,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.status i
     probe_health,
     problems_of,
     read_state,
+    read_verdict,
     release_brief,
     summary_line,
     unit_view,
@@ -285,7 +295,7 @@ def broken(state_dir: str, reason: str) -> dict:
         releases = []
     status = {"ok": False, "reason": reason, "state": UNKNOWN, "release_id": None, "engine": None,
               "engine_version": None, "profile": None, "created": UNKNOWN, "serving_since": UNKNOWN,
-              "failed_release": None, "rollback": None, "state_record": None, "boot": {}, "unit": {},
+              "failed_release": None, "rollback": None, "state_record": None, "boot": {}, "verdict": None, "unit": {},
               "engine_units": {},
               "health": {"url": None, "status": None, "latency_ms": None, "error": "not asked"},
               "gpus": {"available": False, "reason": "not read", "count": 0, "engine_memory_mib": 0, "gpus": [],
@@ -325,6 +335,7 @@ def read_status(module: AnsibleModule) -> dict:
         "rollback": state["previous"] if state else None,
         "state_record": state,
         "boot": boot_view(params["boot_unit"], shown.get(params["boot_unit"]), systemd, state, params["state_dir"]),
+        "verdict": read_verdict(params["state_dir"]),
         "unit": views.get(unit) or unit_view(unit, None, systemd),
         "engine_units": {name: {"active_state": view["active_state"], "enabled": view["enabled"]}
                          for name, view in views.items()},

@@ -127,6 +127,10 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
         assert report["hosts"][host]["release_id"] == serving[host]
         assert report["hosts"][host]["engine"] == engines[host]
         assert report["hosts"][host]["boot"]["release"] == serving[host] and report["hosts"][host]["boot"]["enabled"]
+        # The deploy's gate left its verdict on the host (written after the gate passed; no secret in it).
+        verdict = report["hosts"][host]["verdict"]
+        assert (verdict["release"], verdict["kind"], verdict["mode"], verdict["passed"]) == (
+            serving[host], "gate", "smoke", True), verdict
         assert report["hosts"][host]["rollback"] == json.loads(fleet.on(host).sh(f"cat {state}"))["previous"]
     failed = json.loads(fleet.on(HOSTS[1]).sh(f"cat {state}")).get("failed")
     assert failed and report["hosts"][HOSTS[1]]["failed_release"] == failed

@@ -186,6 +186,32 @@ def boot_view(name: str, properties: dict[str, str] | None, systemd: bool, state
             "unit_file_state": props.get("UnitFileState"), "release": boots, "engine_unit": unit}
 
 
+VERDICT_FILE = "verdict.json"
+
+
+def read_verdict(state_dir: str) -> dict[str, Any] | None:
+    """The last gate's or verify's verdict the host recorded (verdict.json: release, kind, mode, passed, speedup,
+    failures; no secret), with `recorded` (UTC, when it was written: a run with the same outcome leaves it); None
+    without one, or when it cannot be read (it is a record, not the state)."""
+    path = os.path.join(state_dir, VERDICT_FILE)
+    try:
+        verdict = _json_file(path)
+        recorded = os.stat(path).st_mtime if verdict is not None else None
+    except (StateError, OSError):
+        return None
+    if not isinstance(verdict, dict):
+        return None
+    keys = ("release", "kind", "mode", "passed", "speedup", "failures")
+    return {**{k: verdict.get(k) for k in keys}, "recorded": utc_text(recorded)}
+
+
+def verdict_text(verdict: dict[str, Any]) -> str:
+    said = f"last {verdict['kind']} ({verdict['mode']}) {'passed' if verdict['passed'] else 'FAILED'}"
+    if verdict.get("speedup") is not None:
+        said += f", speed-up {verdict['speedup']}x"
+    return f"{said} {_minutes(verdict['recorded'])}"
+
+
 # ---------------------------------------------------------------- GPUs
 
 def gpu_view(gpus: list[dict[str, Any]], apps: list[dict[str, Any]], engine_pids: set[int],
@@ -281,6 +307,9 @@ def summary_line(status: dict[str, Any]) -> str:
         parts.append(f"{gpus['count']} GPUs ({gpus['engine_memory_mib']} MiB held by the engine)")
     else:
         parts.append(f"no GPUs read: {gpus['reason'].split(';')[0]}")
+    verdict = status.get("verdict")
+    if verdict and verdict["release"] == status["release_id"]:
+        parts.append(verdict_text(verdict))
     parts.append(f"rollback → {status['rollback']}" if status["rollback"] else "no rollback target")
     line = ", ".join(parts)
     unsaid = [problem for problem in status["problems"] if not problem.startswith("/health")]  # said above

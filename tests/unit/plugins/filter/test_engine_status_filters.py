@@ -48,3 +48,14 @@ def test_release_lines_mark_what_serves_and_what_a_rollback_starts() -> None:
         "sglang-c: ?, profile ?, created unknown; no release.json (incomplete)",
     ]
     assert filters.status_release_lines([]) == ["no release on disk"]
+
+
+def test_rollback_reads_the_engine_units_in_the_shape_the_switch_reads_them() -> None:
+    units = {"sglang.service": {"active_state": "active", "enabled": False},
+             "vllm.service": {"active_state": "failed", "enabled": True},
+             "trt.service": {"active_state": "activating", "enabled": None}}
+    assert filters.status_units_as_facts(units) == {
+        "sglang.service": {"state": "running", "status": "disabled"},
+        "vllm.service": {"state": "failed", "status": "enabled"},
+        "trt.service": {"state": "stopped", "status": "disabled"}}
+    assert filters.status_units_as_facts(None) == {}

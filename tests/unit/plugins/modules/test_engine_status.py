@@ -343,3 +343,24 @@ def test_monotonic_times_become_utc():
     # Active since monotonic 100 s; now is monotonic 1100 s at 2026-12-04T18:40:00Z.
     now = datetime(2026, 12, 4, 18, 40, tzinfo=timezone.utc).timestamp()
     assert status_util.monotonic_to_utc("100000000", now=now, now_monotonic=1100.0) == "2026-12-04T18:23:20Z"
+
+
+def test_the_last_verdict_the_host_recorded_is_said_with_its_time_and_only_for_the_release_it_judged(
+        tmp_path, health, capsys, monkeypatch):
+    state_dir = tmp_path / "llm-serving"
+    serving_host(state_dir, health(200))
+    assert run(capsys, monkeypatch, state_dir)["verdict"] is None
+    verdict = state_dir / "verdict.json"
+    verdict.write_text(json.dumps({"release": "sglang-7222bd6d61dd", "kind": "verify", "mode": "full", "passed": True,
+                                   "speedup": 1.83, "failures": []}))
+    os.utime(verdict, (1_764_873_600, 1_764_873_600))  # 2025-12-04T18:40:00Z
+    result = run(capsys, monkeypatch, state_dir)
+    assert result["verdict"] == {"release": "sglang-7222bd6d61dd", "kind": "verify", "mode": "full", "passed": True,
+                                 "speedup": 1.83, "failures": [], "recorded": "2025-12-04T18:40:00Z"}
+    assert "last verify (full) passed, speed-up 1.83x 2025-12-04T18:40Z" in result["summary"]
+    # A verdict on another release (the one before a switch) is reported, not said in the line.
+    verdict.write_text(json.dumps({"release": "sglang-old000000001", "kind": "gate", "mode": "smoke", "passed": True}))
+    result = run(capsys, monkeypatch, state_dir)
+    assert result["verdict"]["release"] == "sglang-old000000001" and "last gate" not in result["summary"]
+    verdict.write_text("{half")
+    assert run(capsys, monkeypatch, state_dir)["verdict"] is None
