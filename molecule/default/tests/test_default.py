@@ -40,10 +40,16 @@ def recap_counts(run: PlaybookRun) -> dict[str, int]:
     return {key: sum(run.recap(host)[key] for host in HOSTS) for key in ("ok", "changed", "failed")}
 
 
-def test_01_unit_is_enabled_and_active(host):
+def test_01_unit_is_active_and_is_what_the_boot_unit_starts(host):
     service = host.service("sglang.service")
-    assert service.is_enabled
     assert service.is_running
+    # No engine unit is enabled: the boot unit is, and starts the release state.json names.
+    assert not service.is_enabled and not host.service("vllm.service").is_enabled
+    assert host.service("llm-serving-boot.service").is_enabled
+    choice = json.loads(host.check_output(
+        "/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run"))
+    state = json.loads(host.file("/var/lib/llm-serving/state.json").content_string)
+    assert choice["unit"] == "sglang.service" and choice["release"] == state["current"], choice
 
 
 def test_02_health_answers_200(host):
@@ -110,3 +116,7 @@ def test_99_teardown_leaves_the_unit_inactive_and_disabled(host):
     assert not service.is_running
     assert not service.is_enabled
     assert host.run(HEALTH).rc != 0
+    # state.json says stopped: the boot unit starts nothing.
+    choice = json.loads(host.check_output(
+        "/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run"))
+    assert choice["unit"] is None, choice
