@@ -25,6 +25,7 @@ pytestmark = [
 ]
 
 HOSTS = ["bws-it-fleet1", "bws-it-fleet2", "bws-it-fleet3"]
+STATE = "/var/lib/llm-serving/state.json"
 PAIR = HOSTS[:2]
 
 
@@ -85,31 +86,35 @@ def test_rollout_stops_at_a_failing_host_which_is_rolled_back(fleet, tmp_path):
 
 def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet, tmp_path):
     """After the failed rollout (host 1: the new release, then switched to vLLM; host 2: rolled back, its failed
-    release named; host 3: untouched), with host 3's state.json cut in the middle of a write and a fourth host that
-    does not exist:
+    release named; host 3: untouched, then torn down), with a fourth inventory host whose state.json was cut in the
+    middle of a write (host 3's container, a state directory of its own) and a fifth that does not exist:
     status.yml through the CI entry prints a line per host and the fleet's, changes nothing, writes the report the
     hosts agree with, holds no secret, and fails naming the two it could not read."""
-    gone = "bws-it-fleet-gone"
+    gone, cut = "bws-it-fleet-gone", "bws-it-fleet-cut"
+    cut_dir = "/var/lib/llm-serving-cut"
     inventory = tmp_path / "inventory"
     shutil.copytree(fleet.inventory, inventory)
     hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
     members = hosts["all"]["children"]["gpu_servers"]["hosts"]
     members[gone] = dict(members[HOSTS[0]])
+    members[cut] = {**members[HOSTS[2]], "ansible_host": HOSTS[2], "engine_service_state_dir": cut_dir}
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     switched = fleet.run_playbook("playbooks/deploy_vllm.yml", limit=HOSTS[0])
     assert switched.status == "successful", switched.stdout[-3000:]
-    serving = {h: release(fleet, h) for h in HOSTS[:2]}
+    stopped = fleet.run_playbook("playbooks/teardown.yml", limit=HOSTS[2])
+    assert stopped.status == "successful", stopped.stdout[-3000:]
+    serving = {h: release(fleet, h) for h in HOSTS}
     engines = {HOSTS[0]: "vllm", HOSTS[1]: "sglang"}
-    state = "/var/lib/llm-serving/state.json"
     third = fleet.on(HOSTS[2])
-    third.sh(f"cp -p {state} {state}.whole && head -c 20 {state}.whole > {state}")
+    third.sh(f"cp -a /var/lib/llm-serving {cut_dir} && head -c 20 /var/lib/llm-serving/state.json"
+             f" > {cut_dir}/state.json")
     try:
         result = subprocess.run(
             [sys.executable, str(REPO / "scripts/ci_playbook.py"), "status.yml", "-i", str(inventory),
              "--artifacts", str(tmp_path / "artifacts"), "--ident", "run"],
             capture_output=True, text=True, check=False, cwd=REPO)
     finally:
-        third.sh(f"mv {state}.whole {state}")
+        third.sh(f"rm -rf {cut_dir}")
     # The play's own output is in the run's artifacts (ansible-runner's stdout file); the CI entry streams task lines.
     printed = [path.read_text(errors="replace") for path in (tmp_path / "artifacts" / "run").rglob("stdout")]
     out = " ".join(" ".join(printed).split())
@@ -117,12 +122,14 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
     for host in HOSTS[:2]:
         assert re.search(rf"{host}: {engines[host]} {serving[host]} serving since \S+, /health 200 in \d+ ms", out), \
             out[-3000:]
-    assert f"{HOSTS[2]}: state unreadable: state.json is not valid JSON" in out, out[-3000:]
+    assert re.search(rf"{HOSTS[2]}: sglang {serving[HOSTS[2]]} stopped, ", out), out[-3000:]
+    assert f"{cut}: state unreadable: state.json is not valid JSON" in out, out[-3000:]
     assert f"{gone}: did not answer" in out, out[-3000:]
-    unreadable = ", ".join(sorted([HOSTS[2], gone]))
-    assert f"4 host(s): 2 serving; did not answer or state unreadable: {unreadable};" in out, out[-3000:]
+    unreadable = ", ".join(sorted([cut, gone]))
+    assert f"5 host(s): 2 serving, 1 stopped; did not answer or state unreadable: {unreadable};" in out, out[-3000:]
     report = json.loads((tmp_path / "artifacts" / "run" / "reports" / "status.json").read_text())
-    assert report["broken"] == sorted([HOSTS[2], gone])
+    assert report["broken"] == sorted([cut, gone])
+    assert report["hosts"][HOSTS[2]]["state"] == "stopped" and report["hosts"][HOSTS[2]]["boot"]["release"] is None
     for host in HOSTS[:2]:
         assert report["hosts"][host]["release_id"] == serving[host]
         assert report["hosts"][host]["engine"] == engines[host]
@@ -131,8 +138,8 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
         verdict = report["hosts"][host]["verdict"]
         assert (verdict["release"], verdict["kind"], verdict["mode"], verdict["passed"]) == (
             serving[host], "gate", "smoke", True), verdict
-        assert report["hosts"][host]["rollback"] == json.loads(fleet.on(host).sh(f"cat {state}"))["previous"]
-    failed = json.loads(fleet.on(HOSTS[1]).sh(f"cat {state}")).get("failed")
+        assert report["hosts"][host]["rollback"] == json.loads(fleet.on(host).sh(f"cat {STATE}"))["previous"]
+    failed = json.loads(fleet.on(HOSTS[1]).sh(f"cat {STATE}")).get("failed")
     assert failed and report["hosts"][HOSTS[1]]["failed_release"] == failed
     summary = json.loads((tmp_path / "artifacts" / "run" / "summary.json").read_text())
     assert all(entry.get("changed", 0) == 0 for entry in summary["hosts"].values()), summary["hosts"]

@@ -261,12 +261,15 @@ def problems_of(status: dict[str, Any], engine_units: dict[str, dict[str, Any]])
     if state in ("serving", "switching") and unit["active_state"] not in ("active", UNKNOWN):
         problems.append(f"{unit['name']} is {unit['active_state']}, not active")
     boot = status.get("boot") or {}
+    enabled = [name for name, other in engine_units.items() if other.get("enabled")]
     if state in ("serving", "switching") and boot.get("enabled") is False:
-        problems.append(f"{boot['unit']} is not enabled ({boot['unit_file_state']}): a reboot starts no engine")
-    for name, other in engine_units.items():
-        if other.get("enabled"):
-            problems.append(f"{name} is enabled: a reboot would start it besides the release state.json names "
-                            f"(re-run the deploy; it disables it)")
+        why = f"{boot['unit']} is not enabled ({boot['unit_file_state'] or 'not installed'})"
+        problems.append(f"{why}: a reboot starts {', '.join(enabled)} (enabled by a deploy before the boot unit "
+                        "existed), whatever state.json names; re-run the deploy" if enabled else
+                        f"{why}: a reboot starts no engine")
+    elif boot.get("enabled"):
+        problems += [f"{name} is enabled: a reboot would start it besides the release state.json names (re-run the "
+                     "deploy; it disables it)" for name in enabled]
     if state in ("serving", "switching") and health["status"] != 200:
         answer = f"answered {health['status']}" if health["status"] is not None else health["error"]
         problems.append(f"/health {answer}")

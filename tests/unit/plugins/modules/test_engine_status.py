@@ -242,11 +242,21 @@ def test_the_unit_says_since_when_it_serves_what_boots_and_what_else_runs(tmp_pa
     units["vllm.service"].update(ActiveState="active")
     result = run(capsys, monkeypatch, state_dir, units=units)
     assert result["problems"] == [
-        "llm-serving-boot.service is not enabled (disabled): a reboot starts no engine",
-        "sglang.service is enabled: a reboot would start it besides the release state.json names (re-run the "
-        "deploy; it disables it)",
+        "llm-serving-boot.service is not enabled (disabled): a reboot starts sglang.service (enabled by a deploy "
+        "before the boot unit existed), whatever state.json names; re-run the deploy",
         "vllm.service is active too, but the current release runs sglang.service"]
     assert result["summary"].endswith("; PROBLEMS: " + "; ".join(result["problems"]))
+    # The boot unit and an engine unit enabled by hand beside it: two things would start at boot.
+    units["llm-serving-boot.service"].update(UnitFileState="enabled")
+    units["vllm.service"].update(ActiveState="inactive")
+    assert run(capsys, monkeypatch, state_dir, units=units)["problems"] == [
+        "sglang.service is enabled: a reboot would start it besides the release state.json names (re-run the "
+        "deploy; it disables it)"]
+    # Neither: nothing would start.
+    units["llm-serving-boot.service"].update(UnitFileState="")
+    units["sglang.service"].update(UnitFileState="disabled")
+    assert run(capsys, monkeypatch, state_dir, units=units)["problems"] == [
+        "llm-serving-boot.service is not enabled (not installed): a reboot starts no engine"]
 
     units["sglang.service"].update(ActiveState="failed", UnitFileState="disabled")
     units["vllm.service"].update(ActiveState="inactive")
