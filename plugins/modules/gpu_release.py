@@ -106,7 +106,11 @@ options:
     elements: str
     default: []
   grace_s:
-    description: Seconds between SIGTERM and SIGKILL.
+    description:
+      - Seconds between the SIGTERM and the SIGKILL sent to targets still alive once O(units) stopped (processes
+        outside a unit, or left in a unit's cgroup).
+      - Applied last - each unit's own stop (O(stop_units)) is bounded first by its C(TimeoutStopSec=), at whose end
+        systemd kills the unit's cgroup.
     type: float
     default: 10
   timeout_s:

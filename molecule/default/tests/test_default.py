@@ -44,7 +44,8 @@ def test_01_unit_is_active_and_is_what_the_boot_unit_starts(host):
     service = host.service("sglang.service")
     assert service.is_running
     # No engine unit is enabled: the boot unit is, and starts the release state.json names.
-    assert not service.is_enabled and not host.service("vllm.service").is_enabled
+    assert not service.is_enabled
+    assert host.run("systemctl is-enabled vllm.service").stdout.strip() != "enabled"  # vLLM was never deployed here
     assert host.service("llm-serving-boot.service").is_enabled
     choice = json.loads(host.check_output(
         "/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run"))
