@@ -134,7 +134,12 @@ def test_a_new_toolchain_is_built_while_the_old_release_serves_and_the_switch_ex
     prebuild = (built_end - built_start).total_seconds()
     assert built_end <= down_start, "the build ran into the switch"
     assert prebuild >= 2 * COMPILE_S - 1, prebuild
-    assert downtime < COMPILE_S, f"switch downtime {downtime:.1f} s holds a compile of {COMPILE_S} s"
+    # The new engine compiled nothing while it came up: the readiness wait watches the unit's compilers (engine_wait)
+    # and its summary would say "compiling kernels for N s". And the whole window stays well under what one module's
+    # build inside it would add to a switch (measured 8-14 s on 2 loaded cores; one build is COMPILE_S on top).
+    summary = " ".join(run.result("engine_service : Serve check | summary")["msg"].split())
+    assert "ready after" in summary and "compiling kernels" not in summary, summary
+    assert downtime < 1.5 * COMPILE_S, f"switch downtime {downtime:.1f} s: a compile of {COMPILE_S} s ran in it?"
     assert host.state()["current"] != before and host.health() == 200
     print(f"new toolchain: pre-build {prebuild:.1f} s while the old release served ({report}); "
           f"switch downtime {downtime:.1f} s")
