@@ -21,7 +21,9 @@ import pytest
 from tests.integration.engine_host import REPO, EngineHost, podman
 from tests.integration.engine_wheels import build_wheel, download_uv_wheel, write_lock
 from tests.integration.lifecycle_helpers import (
+    BOOT_UNIT,
     CONTAINER_MARKS,
+    ENGINE_UNITS,
     assert_boots,
     deploy,
     interrupted_deploy,
@@ -118,7 +120,6 @@ def power_cut_during(host: EngineHost, extravars: dict, cut_when) -> None:
     wait_for(lambda: host.sh("systemctl is-system-running --wait 2>/dev/null; true", check=False) != "", "boot")
 
 
-ENGINE_UNITS = ("sglang.service", "vllm.service")
 SAMPLES = "/var/tmp/bws-boot-samples.log"
 # Every 20 ms: state.json, the engine units' files in /etc (short digests) and the units wanted at boot, one line.
 SAMPLER = f"""rm -f {SAMPLES} /run/bws-sampler.stop
@@ -160,7 +161,7 @@ def boot_samples(host: EngineHost):
         state = json.loads(state_text) if state_text else None
         release, _ = program.release_to_boot(state)
         wanted = set(filter(None, wants.split(",")))
-        chosen = {units_of[release]} if release and "llm-serving-boot.service" in wanted else set()
+        chosen = {units_of[release]} if release and BOOT_UNIT in wanted else set()
         samples.append({"state": state_text, "etc": etc, "release": release,
                         "boots": sorted(chosen | (wanted & set(ENGINE_UNITS)))})
     assert samples, "the sampler took no sample"
