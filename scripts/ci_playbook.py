@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -50,6 +49,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
+# collections/ holds this checkout as the collection blackwell.serving: its Python imports as
+# ansible_collections.blackwell.serving (the secret redaction below is the roles' own, from its module_utils).
+if str(REPO / "collections") not in sys.path:
+    sys.path.insert(0, str(REPO / "collections"))
 STAT_KEYS = ("ok", "changed", "failures", "rescued", "skipped", "dark", "ignored")
 
 
@@ -471,18 +474,10 @@ def vault_options(args: argparse.Namespace) -> list[str]:
     return ids + [f"--vault-password-file {shlex.quote(str(Path(f).resolve()))}" for f in args.vault_password_file]
 
 
-def _secret_forms():
-    """plugins/module_utils/secrets/redact.py: the forms a secret takes in logs and payloads (the roles' own
-    redaction)."""
-    redact = REPO / "plugins" / "module_utils" / "secrets" / "redact.py"
-    spec = importlib.util.spec_from_file_location("bws_redact", redact)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.secret_forms
-
-
 def redact(directory: Path, secrets: list[str]) -> int:
-    secret_forms = _secret_forms()
+    # The forms a secret takes in logs and payloads: the roles' own redaction (plugins/module_utils/secrets/redact.py).
+    from ansible_collections.blackwell.serving.plugins.module_utils.secrets.redact import secret_forms
+
     forms = sorted({form for secret in secrets if secret for form in secret_forms(secret)}, key=len, reverse=True)
     scrubbed = 0
     for path in directory.rglob("*"):

@@ -360,6 +360,21 @@ def default_engine_inputs(roster: dict[str, dict]) -> EngineInputs:
     return load_engine_inputs(roster, {engine: str(v) for engine, v in versions.items() if v is not None})
 
 
+def roster_secret_problems(roster: dict[str, dict], catalog: Catalog) -> list[str]:
+    """The variables the roster says hold an engine's keys (api_key_variable, distinct_secrets) must be options of
+    the engine's role marked no_log: what is kept out of logs, reports and CI artifacts is found that way."""
+    problems = []
+    for engine, entry in roster.items():
+        for key, name in [("api_key_variable", entry["api_key_variable"])] + [
+                ("distinct_secrets", name) for name in entry["distinct_secrets"]]:
+            role, spec = catalog.options.get(name, (None, {}))
+            if role != entry["role"] or not spec.get("no_log"):
+                problems.append(f"engine roster: {engine}.{key} names {name}, which is not an option of role "
+                                f"{entry['role']} marked no_log (roles/{entry['role']}/meta/argument_specs.yml): a key "
+                                "must be one of its role's no_log options")
+    return problems
+
+
 def placeholder_host(host: str, inventory_file: str | None) -> list[str]:
     """The host is the example inventory's placeholder: say which inventory that is and how to name one's own."""
     if not PLACEHOLDER_HOST.match(host):
@@ -422,6 +437,10 @@ class ActionModule(ActionBase):
             roster = load_roster()
         except RosterError as exc:
             result.update(failed=True, msg=f"1 input error(s), nothing was changed:\n{exc}")
+            return result
+        errors = roster_secret_problems(roster, catalog)
+        if errors:
+            result.update(failed=True, msg=f"{len(errors)} input error(s), nothing was changed:\n" + "\n".join(errors))
             return result
         errors = placeholder_host(str(task_vars.get("inventory_hostname", "")), task_vars.get("inventory_file"))
         if errors:

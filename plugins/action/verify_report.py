@@ -1,8 +1,8 @@
 """Action plugin verify_report: the verify role's report, computed on the controller in the playbook's own process.
 
-Acceptance over each benchmark window, the speed-up against the baseline and the gate (roles/verify/files/
-verify_report.py, which is also a command-line program), report.json, report.md, throughput.png and, for a run
-without speculation, baseline.json, all under out_dir. Nothing on the host is touched.
+Acceptance over each benchmark window, the speed-up against the baseline and the gate (plugins/plugin_utils/
+verify_report.py, which is also a command-line program), report.json, report.md, throughput.png (plugin_utils/
+verify_chart.py) and, for a run without speculation, baseline.json, all under out_dir. Nothing on the host is touched.
 
 Arguments: inputs (dict: what the role collected), out_dir (path), chart (bool, default true).
 Returns: gate, summary, engine_is_test_double, files (as the command-line program prints them).
@@ -10,33 +10,18 @@ Returns: gate, summary, engine_is_test_double, files (as the command-line progra
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics
-
-ROLE_FILES = Path(__file__).resolve().parents[2] / "roles" / "verify" / "files"
-
-
-def load(name: str, path: Path) -> ModuleType:
-    """A module by its file, once per process (no sys.path change)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from ansible_collections.blackwell.serving.plugins.plugin_utils import verify_report as report_program
+from ansible_collections.blackwell.serving.plugins.plugin_utils.verify_chart import draw
 
 
 def write_report(inputs: dict, out_dir: Path, chart: bool) -> dict:
-    report_program = load("bws_verify_report", ROLE_FILES / "verify_report.py")
     try:
-        report, baseline_doc = report_program.build_report(inputs, metrics)
+        report, baseline_doc = report_program.build_report(inputs)
     except (report_program.InputError, ValueError, KeyError, OSError) as exc:
         raise AnsibleActionFail(f"verify report: {exc}") from exc
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -49,7 +34,7 @@ def write_report(inputs: dict, out_dir: Path, chart: bool) -> dict:
         files["baseline"] = out_dir / "baseline.json"
         files["baseline"].write_text(json.dumps(baseline_doc, indent=2) + "\n", encoding="utf-8")
     if chart:
-        load("bws_verify_chart", ROLE_FILES / "verify_chart.py").draw(report, files["chart"])
+        draw(report, files["chart"])
     return {"gate": report["gate"], "summary": report_program.summary_lines(report),
             "engine_is_test_double": report["engine_is_test_double"],
             "files": {k: str(v) for k, v in files.items()}}

@@ -68,7 +68,7 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
-# What the report uses (roles/verify/files/verify_report.py) and the workload the client says it ran.
+# What the report uses (plugins/plugin_utils/verify_report.py) and the workload the client says it ran.
 DEFAULT_FIELDS = ["output_throughput", "completed", "duration", "total_output_tokens", "request_throughput",
                   "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
                   "mean_tpot_ms", "p99_tpot_ms", "spec_decode_acceptance_rate", "accept_length", "backend",

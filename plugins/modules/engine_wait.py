@@ -377,8 +377,8 @@ class Wait:
                 f"bytes, took more GPU memory or had a compiler at work ({others}; last progress: "
                 f"{', '.join(self.last_source) or 'none'}). A running engine that neither logs, reads its weights, "
                 f"fills its GPUs, compiles nor answers is stuck, not loading (for example a generation deadlock: "
-                f"SGLang's /health then answers 503 after its own timeout; or a kernel build whose compiler lives "
-                f"but no longer works)")
+                f"an engine's /health may then answer 503 after its own timeout; or a kernel build whose compiler "
+                f"lives but no longer works)")
 
     def timeout_reason(self, last_status: str) -> str | None:
         if time.monotonic() < self.deadline:

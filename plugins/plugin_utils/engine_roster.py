@@ -15,25 +15,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible_collections.blackwell.serving.plugins.module_utils.engine.metrics import scheme_problems
 
 ROSTER_FILE = Path(__file__).resolve().parents[2] / "meta" / "engines.yml"
 ENGINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # key -> type; every key is required (an engine without a value says so: "", [] or false).
 FIELDS: dict[str, type] = {
     "role": str, "playbook": str, "unit": str, "service_user": str, "process_patterns": list, "shm_patterns": list,
-    "env_prefixes": list, "secret_flags": list, "reserved_flags": dict, "distinct_secrets": list,
-    "nodes_group_variable": str, "readiness_timeout_s": int, "generating_routes": list, "reasoning_field": str,
-    "server_info": bool, "unguarded_route_hint": str, "drain_program": str, "metrics": dict,
+    "env_prefixes": list, "secret_flags": list, "reserved_flags": dict, "api_key_variable": str,
+    "distinct_secrets": list, "nodes_group_variable": str, "readiness_timeout_s": int, "generating_routes": list,
+    "admin_routes": list, "reasoning_field": str, "server_info": bool, "key_guard_hint": str,
+    "unguarded_route_hint": str, "drain": bool, "metrics": dict,
 }
 # A /dev/shm pattern names the engine's own entries: a literal prefix of at least this many characters before the
 # first wildcard, and no directory. gpu_release removes every entry it matches that a service user owns and no process
 # holds, so "*" or "t*" would take entries that are not the engine's.
 SHM_PREFIX_MIN = 4
 WILDCARDS = re.compile(r"[*?\[]")
-ACCEPTANCE_COUNTERS = {
-    "verify_calls": ("generation_tokens", "verify_calls"),
-    "draft_counters": ("generation_tokens", "drafts", "draft_tokens", "accepted_tokens"),
-}
 
 
 class RosterError(ValueError):
@@ -41,15 +39,8 @@ class RosterError(ValueError):
 
 
 def _check_metrics(name: str, metrics: dict) -> list[str]:
-    scheme = metrics.get("acceptance")
-    if scheme not in ACCEPTANCE_COUNTERS:
-        return [f"{name}.metrics.acceptance must be one of {sorted(ACCEPTANCE_COUNTERS)}, got {scheme!r}"]
-    expected = {"prefix", "acceptance", *ACCEPTANCE_COUNTERS[scheme]}
-    problems = [f"{name}.metrics.{key} is missing" for key in sorted(expected - set(metrics))]
-    problems += [f"{name}.metrics.{key} is not a key of the {scheme} scheme" for key in sorted(set(metrics) - expected)]
-    problems += [f"{name}.metrics.{key} must be a non-empty string" for key in sorted(expected & set(metrics))
-                 if not isinstance(metrics[key], str) or not metrics[key]]
-    return problems
+    """The engine's acceptance declaration, by the rules of the code that computes it (module_utils/engine/metrics)."""
+    return [f"{name}.{problem}" for problem in scheme_problems(metrics)]
 
 
 def _shm_pattern_ok(pattern: str) -> bool:
@@ -73,7 +64,7 @@ def check_entry(name: str, entry: Any) -> list[str]:
             problems.append(f"{name}.{key} must be a list of strings")
     if not problems:
         problems += _check_metrics(name, entry["metrics"])
-        for key in ("role", "unit", "service_user"):
+        for key in ("role", "unit", "service_user", "api_key_variable"):
             if not entry[key]:
                 problems.append(f"{name}.{key} must not be empty")
         if not entry["process_patterns"]:
@@ -127,8 +118,3 @@ def field_values(roster: dict[str, dict], key: str) -> list:
         value = entry[key]
         values.extend(value if isinstance(value, list) else [value])
     return values
-
-
-def acceptance_counters(entry: dict) -> dict[str, str]:
-    """The engine's speculative-decoding counter names by role (generation_tokens, verify_calls, ...) and scheme."""
-    return dict(entry["metrics"])

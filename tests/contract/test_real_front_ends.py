@@ -140,7 +140,7 @@ def test_metrics_have_the_counters_verify_reads(engine: RealFrontEnd) -> None:
     assert engine.chat("What is 5 + 6?", thinking=False)[0] == 200
     deadline = time.monotonic() + 15  # SGLang's scheduler pushes its metrics; vLLM's loggers log on an interval
     after = counters()
-    generation = ROSTER_METRICS[engine.flavour]["generation_tokens"]
+    generation = ROSTER_METRICS[engine.flavour]["counters"]["generation_tokens"]
     while after.get(generation, 0) <= before.get(generation, 0) and time.monotonic() < deadline:
         time.sleep(0.5)
         after = counters()
@@ -402,14 +402,14 @@ def _route_probes():
     return module
 
 
-ADMIN_ROUTES = yaml.safe_load((REPO_ROOT / "roles" / "sglang" / "files" / "admin_routes.yml").read_text())["post"]
+ADMIN_ROUTES = yaml.safe_load((REPO_ROOT / "meta" / "engines.yml").read_text())["engines"]["sglang"]["admin_routes"]
 
 
 def test_the_sglang_roles_admin_route_list_is_the_real_apps(sglang: RealFrontEnd) -> None:
-    """roles/sglang/files/admin_routes.yml (what verify asks without a key) is every POST route of the real app that
-    SGLang's key middleware treats as admin and that validates a required request model first; the probe's body is
-    refused there (400 or 422, with the admin key) before any handler runs, so asking them changes nothing even where
-    a key check failed."""
+    """The roster's admin_routes of SGLang (meta/engines.yml: what verify asks without a key) is every POST route of the
+    real app that SGLang's key middleware treats as admin and that validates a required request model first; the
+    probe's body is refused there (400 or 422, with the admin key) before any handler runs, so asking them changes
+    nothing even where a key check failed."""
     rows = json.loads(sglang.routes_file.read_text())
     marked = [row for row in rows if row["auth_level"] != "normal"]
     safe = sorted({row["path"] for row in marked if "POST" in row["methods"] and not row["included"]
@@ -653,7 +653,7 @@ def test_the_double_behaves_as_the_real_front_end(engine: RealFrontEnd, doubles:
 
 def test_every_metric_the_gates_read_from_the_double_is_a_real_metric(engine: RealFrontEnd, doubles: dict) -> None:
     counters = ROSTER_METRICS[engine.flavour]
-    read = {counters["generation_tokens"], *metrics.speculative_counter_names(counters)}
+    read = {counters["counters"]["generation_tokens"], *metrics.speculative_counter_names(counters)}
     double_names = {name.split("{")[0] for name in _observe_metric_names(doubles[engine.flavour])}
     real_names = {name.split("{")[0] for name in _observe_metric_names(engine)}
     assert read <= double_names, sorted(read - double_names)

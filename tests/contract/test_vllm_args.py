@@ -7,7 +7,6 @@ built by scripts/contract-venv-vllm.sh. Importing vLLM takes 10-20 s, so every c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -26,7 +25,6 @@ pytestmark = pytest.mark.contract
 
 MODELS_FILE = REPO_ROOT / "inventory" / "production" / "group_vars" / "all" / "models.yml"
 ROLE_DEFAULTS = REPO_ROOT / "roles" / "vllm" / "defaults" / "main.yml"
-FLAG_FILTER = REPO_ROOT / "plugins" / "filter" / "vllm_flags.py"
 
 EAGLE3 = json.dumps({"method": "eagle3", "model": "/srv/models/drafter", "num_speculative_tokens": 3})
 GOOD = ["serve", "/srv/models/kimi", "--tensor-parallel-size", "8", "--trust-remote-code",
@@ -66,11 +64,10 @@ CASES: dict[str, tuple[list[str], str | None]] = {
 }
 
 
-def _vllm_flag_words():
-    spec = importlib.util.spec_from_file_location("vllm_flags", FLAG_FILTER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.vllm_flag_words
+def _merged_argv(flags: dict) -> list[str]:
+    from ansible_collections.blackwell.serving.plugins.filter.engine_flags import argv_words, merged_flags
+
+    return argv_words(merged_flags([flags]))
 
 
 def role_argv(profile: dict) -> list[str]:
@@ -95,12 +92,7 @@ def role_argv(profile: dict) -> list[str]:
     flags.update(defaults["vllm_default_options"])
     flags.update(profile.get("vllm_options") or {})
     flags.update(defaults["vllm_extra_options"])
-    words = _vllm_flag_words()
-    argv = ["serve", profile["model"]["path"]]
-    for key, value in flags.items():
-        if value is not None and value is not False:
-            argv.extend(words({"key": key, "value": value}))
-    return argv
+    return ["serve", profile["model"]["path"], *_merged_argv(flags)]
 
 
 def production_profiles() -> dict[str, dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -197,7 +198,7 @@ def test_an_address_other_than_loopback_without_a_key_is_refused_before_any_chan
                             extravars={"sglang_listen_address": "0.0.0.0", "sglang_api_key": ""})
     runs.append(run)
     assert run.rc != 0
-    assert "SGLang would bind 0.0.0.0 but sglang_api_key is empty" in " ".join(run.stdout.split())
+    assert "sglang would bind 0.0.0.0 but sglang_api_key is empty" in " ".join(run.stdout.split())
     assert not [task for task in run.tasks_started if task.startswith(("python_env :", "engine_service :"))]
     assert main_pid(host) == pid and host.health() == 200
 
@@ -236,9 +237,19 @@ def test_check_diff_of_a_changed_profile_value_shows_the_line_and_the_switch_and
     assert main_pid(host) == pid and host.state()["current"] == serving
 
 
+VERIFY_INPUTS = "engine_service : Verify release | what verify is given (from the release document)"
+# What the deploy's gate gave verify (test_deploy_vllm_replaces_sglang), compared with what verify.yml gives it.
+GATE_INPUTS: dict = {}
+
+
+def verify_inputs(run) -> dict:
+    return run.result(VERIFY_INPUTS)["ansible_facts"]["__engine_service_verify_inputs"]
+
+
 def test_deploy_vllm_replaces_sglang(host, runs):
     run = deploy(host, runs, "deploy_vllm.yml")
     assert run.status == "successful", run.stdout[-3000:]
+    GATE_INPUTS.update(verify_inputs(run))
     assert host.unit("vllm.service")["ActiveState"] == "active"
     assert_boots(host, "vllm.service", host.state()["current"])
     assert host.unit("sglang.service")["ActiveState"] == "inactive"
@@ -270,6 +281,73 @@ def test_verify_without_extra_vars_verifies_the_vllm_that_serves(host, runs):
     report = json.loads(reports[-1].read_text())
     assert report["engine"] == "vllm" and report["speculative"] is True, report
     assert "speculation is not running" not in run.stdout
+    # One entry into verify: the gate gave it the release document it had just written, verify.yml the one state.json
+    # names; both are the same release's, so verify saw the same inputs on both paths.
+    assert GATE_INPUTS, "the deploy's gate ran the verify entry"
+    assert verify_inputs(run) == GATE_INPUTS
+    assert GATE_INPUTS["release"] == current and GATE_INPUTS["engine"] == "vllm"
+    assert GATE_INPUTS["bench"] == release(host, current)["bench"] and GATE_INPUTS["bench"]["module"], GATE_INPUTS
+
+
+def test_an_engine_role_that_produces_a_wrong_type_fails_before_the_switch_naming_the_key(host, runs):
+    """The release document is checked against its schema before anything is written: an engine role whose facts
+    hold a key of the wrong type (here given as the role's whole engine_service_release_facts) fails the deploy there,
+    naming the key, and what serves keeps serving."""
+    current = host.state()["current"]
+    document = release(host, current)
+    facts = {key: document[key] for key in ("venv", "executable", "served_model_name", "speculative", "tokenizer",
+                                             "trust_remote_code", "speculative_num_steps", "speculative_settings",
+                                             "model_paths", "max_running_requests", "bench", "engine_facts")}
+    pid, state = main_pid(host, "vllm.service"), host.sh("cat /var/lib/llm-serving/state.json")
+    run = host.run_playbook("deploy_vllm.yml", extravars={
+        "engine_service_release_facts": {**facts, "tensor_parallel_size": "one", "port_number": 1}})
+    runs.append(run)
+    flat = " ".join(run.stdout.split()).replace("''", "'")  # the error is printed as a YAML single-quoted string
+    assert run.status == "failed"
+    assert "tensor_parallel_size must be an integer, got string 'one'" in flat, flat[-3000:]
+    assert "port_number is not a key of the release document (schema 1; an engine's own facts go under " \
+           "engine_facts)" in flat
+    started = run.tasks_started
+    assert "engine_service : Release | the release document has the schema's shape" in started
+    assert not [task for task in started if "Switch |" in task or "Release | write the release" in task], started
+    assert main_pid(host, "vllm.service") == pid and host.sh("cat /var/lib/llm-serving/state.json") == state
+    assert host.health() == 200
+
+
+def test_a_release_document_of_an_older_deploy_is_read_with_the_stated_defaults(host, runs):
+    """release.json as a deploy before the schema field wrote it (no schema, gate, bench or engine_facts): verify.yml
+    reads it with the defaults docs/release-document.md states and its smoke passes; its benchmark is refused (no
+    recipe: redeploy); one that lacks a required key is refused naming it. The file is put back byte for byte."""
+    current = host.state()["current"]
+    path = f"/var/lib/llm-serving/releases/{current}/release.json"
+    original = host.sh(f"base64 -w0 {path}")
+    document = release(host, current)
+    old = {key: value for key, value in document.items() if key not in ("schema", "gate", "bench", "engine_facts")}
+    old.update(document["engine_facts"])
+
+    def write(content: dict) -> None:
+        host.sh(f"printf %s {shlex.quote(json.dumps(content))} > {path}")
+
+    try:
+        write(old)
+        smoke = host.run_playbook("playbooks/verify.yml", extravars={"verify_mode": "smoke"})
+        runs.append(smoke)
+        assert smoke.status == "successful", smoke.stdout[-3000:]
+        seen = verify_inputs(smoke)
+        assert seen["bench"] == {} and seen["release"] == current and seen["tokenizer"] == document["tokenizer"]
+        full = host.run_playbook("playbooks/verify.yml")
+        runs.append(full)
+        assert full.status == "failed"
+        assert "verify_bench_recipe gives no recipe (module, workloads)" in " ".join(full.stdout.split())
+        write({key: value for key, value in old.items() if key != "tokenizer"})
+        broken = host.run_playbook("playbooks/verify.yml", extravars={"verify_mode": "smoke"})
+        runs.append(broken)
+        flat = " ".join(broken.stdout.split()).replace("''", "'")
+        assert broken.status == "failed" and f"{path}: tokenizer is missing" in flat, flat[-3000:]
+        assert "docs/release-document.md" in flat
+    finally:
+        host.sh(f"echo {original} | base64 -d > {path}")
+    assert host.sh(f"base64 -w0 {path}") == original
 
 
 def test_verify_does_not_run_the_client_as_root(host, runs):

@@ -128,7 +128,7 @@ def test_a_new_toolchain_is_built_while_the_old_release_serves_and_the_switch_ex
     report = said(run)
     assert "2 of 2 built" in report and "the toolchain changed (cxx)" in report, report
     built_start, built_end = task_times(run, PREBUILD_TASK)
-    down_start, _ = task_times(run, "Switch | let the engine that serves drain")
+    down_start, _ = task_times(run, "Drain | SIGTERM, then at most")
     _, ready = task_times(run, "Serve check | wait for readiness")
     downtime = (ready - down_start).total_seconds()
     prebuild = (built_end - built_start).total_seconds()

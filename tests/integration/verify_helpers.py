@@ -29,7 +29,7 @@ from tests.module_utils_loader import load_module_util  # noqa: E402
 bws_metrics = load_module_util("engine.metrics")
 
 sys.path.insert(0, str(REPO / "tests"))
-from engine_locks import pinned_version  # noqa: E402
+from engine_locks import load_lock, pinned_version  # noqa: E402
 
 SHAREGPT_FIXTURE = REPO / "tests" / "fixtures" / "sharegpt" / "sharegpt-v3-8.json"
 
@@ -222,14 +222,17 @@ def write_serving_state(state_dir: Path, double: EngineDouble, tokenizer: Path, 
     reads what serves from the host. The engine version is the pinned one: verify runs the client of its lock."""
     release_id = f"{double.flavour}-{double.name}"
     release = {
-        "id": release_id, "engine": double.flavour, "engine_version": pinned_version(double.flavour),
+        "schema": 1, "id": release_id, "engine": double.flavour, "engine_version": pinned_version(double.flavour),
         "profile": profile,
         "unit": f"{double.flavour}.service", "port": double.port, "listen_address": "127.0.0.1",
-        "base_url": double.base_url, "served_model_name": double.served_name, "tokenizer": str(tokenizer),
+        "base_url": double.base_url, "health_url": f"{double.base_url}/health", "ready_timeout_s": 60,
+        "stall_timeout_s": 0, "gate": "smoke", "exec_start": [sys.executable, str(ENGINE_DOUBLE)],
+        "interconnect_proof": {}, "executable": sys.executable,
+        "served_model_name": double.served_name, "tokenizer": str(tokenizer),
         "trust_remote_code": trust_remote_code, "speculative": double.speculative,
         "speculative_num_steps": double.num_steps if double.speculative else 0, "speculative_settings": {},
         "venv": venv or f"/opt/{double.flavour}/venv", "model_paths": model_paths or [], "tensor_parallel_size": 1,
-        "max_running_requests": max_running_requests,
+        "max_running_requests": max_running_requests, "bench": load_lock(double.flavour)["bench"],
     }
     (state_dir / "releases" / release_id).mkdir(parents=True, exist_ok=True)
     (state_dir / "releases" / release_id / "release.json").write_text(json.dumps(release, indent=2))

@@ -557,3 +557,25 @@ def test_a_broken_guard_file_is_refused_naming_the_entry(tmp_path: Path, content
     path.write_text(content)
     with pytest.raises(ei.GuardFileError, match=re.escape(message)):
         ei.read_guards(path)
+
+
+# --- the roster's key variables ------------------------------------------------------------------------
+
+
+def test_the_rosters_key_variables_are_no_log_options_of_their_engines_roles() -> None:
+    assert ic.roster_secret_problems(ROSTER, CATALOG) == []
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (lambda r: r["vllm"].update(api_key_variable="vllm_listen_address"),
+     "vllm.api_key_variable names vllm_listen_address, which is not an option of role vllm marked no_log"),
+    (lambda r: r["vllm"].update(api_key_variable="sglang_api_key"),
+     "vllm.api_key_variable names sglang_api_key, which is not an option of role vllm marked no_log"),
+    (lambda r: r["sglang"].update(distinct_secrets=["sglang_api_key", "sglang_admin_api_kye"]),
+     "sglang.distinct_secrets names sglang_admin_api_kye, which is not an option of role sglang marked no_log"),
+])
+def test_a_roster_key_variable_that_is_not_a_no_log_option_of_its_role_is_refused(change, said) -> None:
+    roster = copy.deepcopy(ROSTER)
+    change(roster)
+    assert [problem for problem in ic.roster_secret_problems(roster, CATALOG) if said in problem], \
+        ic.roster_secret_problems(roster, CATALOG)

@@ -1,24 +1,25 @@
-"""roles/verify/files/verify_report.py: baseline resolution, report, Markdown, baseline document, CLI."""
+"""plugins/plugin_utils/verify_report.py: baseline resolution, report, Markdown, baseline document, CLI."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics as bws_metrics
+from ansible_collections.blackwell.serving.plugins.plugin_utils import verify_chart
+from ansible_collections.blackwell.serving.plugins.plugin_utils import verify_report as report_mod
 from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import load_roster
 
 VLLM_COUNTERS = load_roster()["vllm"]["metrics"]  # what the verify role passes as acceptance_counters
+VLLM_NAMES = VLLM_COUNTERS["counters"]
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "roles" / "verify" / "files" / "verify_report.py"
-_spec = importlib.util.spec_from_file_location("verify_report", SCRIPT)
-report_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report_mod)
+PROGRAM = [sys.executable, "-m", report_mod.__name__]
+# The command line as a user runs it: the collection importable from the checkout's collections/.
+PROGRAM_ENV = {**os.environ, "PYTHONPATH": str(REPO / "collections")}
 
 
 def bench(throughput: float, completed: int = 8) -> dict:
@@ -52,10 +53,10 @@ def inputs(**overrides) -> dict:
             "levels": [
                 {"concurrency": 1, "num_prompts": 16, "workload": "sharegpt", "result": bench(54.6),
                  "metrics_available": True,
-                 "metrics_before": {VLLM_COUNTERS['drafts']: 0, VLLM_COUNTERS['draft_tokens']: 0,
-                                    VLLM_COUNTERS['accepted_tokens']: 0},
-                 "metrics_after": {VLLM_COUNTERS['drafts']: 100, VLLM_COUNTERS['draft_tokens']: 300,
-                                   VLLM_COUNTERS['accepted_tokens']: 45}},
+                 "metrics_before": {VLLM_NAMES['drafts']: 0, VLLM_NAMES['draft_tokens']: 0,
+                                    VLLM_NAMES['accepted_tokens']: 0},
+                 "metrics_after": {VLLM_NAMES['drafts']: 100, VLLM_NAMES['draft_tokens']: 300,
+                                   VLLM_NAMES['accepted_tokens']: 45}},
             ],
         },
         "baseline": {"1": 82.5},
@@ -70,7 +71,7 @@ def inputs(**overrides) -> dict:
 
 
 def test_reference_host_case_fails_with_numbers_and_sources():
-    report, baseline_doc = report_mod.build_report(inputs(), bws_metrics)
+    report, baseline_doc = report_mod.build_report(inputs())
     assert baseline_doc is None
     assert not report["gate"]["passed"]
     assert report["gate"]["failures"] == [
@@ -91,8 +92,7 @@ def test_reference_host_case_fails_with_numbers_and_sources():
 
 def test_test_double_is_shown_prominently():
     report, _ = report_mod.build_report(inputs(test_double={"detected": True, "header_x_engine_test_double": True,
-                                                             "marker": "ENGINE TEST DOUBLE (not an engine)"}),
-                                        bws_metrics)
+                                                             "marker": "ENGINE TEST DOUBLE (not an engine)"}))
     assert report_mod.markdown(report).splitlines()[2].startswith("> **⚠ ENGINE TEST DOUBLE.**")
     assert report_mod.summary_lines(report)[0].endswith("[ENGINE TEST DOUBLE]")
 
@@ -103,22 +103,21 @@ def test_the_report_says_where_both_smoke_answers_came():
              "unauthenticated": "refused with HTTP 401",
              "sampled": {"request": "sampled (temperature 0.6, top_p 0.95)", "answer_field": "reasoning",
                          "completion_tokens": 9, "finish_reason": "stop", "preview": ""}}
-    report, _ = report_mod.build_report(inputs(smoke=smoke), bws_metrics)
+    report, _ = report_mod.build_report(inputs(smoke=smoke))
     assert ("- Sampled: sampled (temperature 0.6, top_p 0.95): the answer came in `reasoning`, 9 tokens, "
             "finish_reason `stop`") in report_mod.markdown(report)
-    report, _ = report_mod.build_report(inputs(smoke={**smoke, "sampled": "not tested: verify_smoke_sampling is {}"}),
-                                        bws_metrics)
+    report, _ = report_mod.build_report(inputs(smoke={**smoke, "sampled": "not tested: verify_smoke_sampling is {}"}))
     assert "- Sampled: not tested: verify_smoke_sampling is {}" in report_mod.markdown(report)
 
 
 def test_no_baseline_fails_the_gate_unless_allowed():
-    report, _ = report_mod.build_report(inputs(baseline=None), bws_metrics)
+    report, _ = report_mod.build_report(inputs(baseline=None))
     assert not report["gate"]["passed"]
     assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1: no comparable baseline")
     assert "none: no baseline recorded on the host" in report_mod.markdown(report)
     allowed = inputs(baseline=None, gate={"levels": [1], "min_speedup": 1.0, "min_accept_rate": 0.0,
                                           "allow_missing_baseline": True})
-    gate = report_mod.build_report(allowed, bws_metrics)[0]["gate"]
+    gate = report_mod.build_report(allowed)[0]["gate"]
     assert gate["passed"] and gate["warnings"][0].startswith("speed-up not measured at concurrency 1")
 
 
@@ -128,7 +127,7 @@ def recorded(throughput: float = 82.5, **overrides) -> dict:
     measured["bench"]["levels"][0]["result"] = bench(throughput)
     measured["bench"]["levels"][0]["metrics_before"] = measured["bench"]["levels"][0]["metrics_after"] = {}
     measured.update(overrides)
-    report, document = report_mod.build_report(measured, bws_metrics)
+    report, document = report_mod.build_report(measured)
     assert report["gate"]["not_applicable"].startswith("verify_speculative is false")
     return document
 
@@ -140,18 +139,18 @@ def test_a_run_without_speculation_records_its_key_and_workloads():
 
 
 def test_recorded_baseline_of_the_same_key_gates_without_warnings_despite_another_profile_name():
-    report, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=recorded()), bws_metrics)
+    report, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=recorded()))
     assert report["gate"]["failures"] == [
         "speed-up 0.66x at concurrency 1 is below the 1.00x minimum (54.6 vs 82.5 tok/s baseline, -34%)"]
     assert report["gate"]["warnings"] == []
     assert "recorded on the host" in report["levels"][0]["baseline_output_throughput"]["source"]
-    passing, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=recorded(30.0)), bws_metrics)
+    passing, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=recorded(30.0)))
     assert passing["gate"]["passed"] and passing["gate"]["warnings"] == []
 
 
 def test_recorded_baseline_of_another_key_is_not_used():
     other = recorded(baseline_key={**KEY, "model": "deadbeef"})
-    report, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=other), bws_metrics)
+    report, _ = report_mod.build_report(inputs(baseline=None, recorded_baseline=other))
     assert not report["gate"]["passed"] and "speedup" not in report["levels"][0]
     assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 1")
 
@@ -164,14 +163,14 @@ def test_levels_above_the_request_cap_or_on_another_workload_are_not_comparable(
     document["output_throughput"] = {"32": 30.0}
     document["levels"] = {"32": {"workload": "sharegpt"}}
     capped["recorded_baseline"] = document
-    report, _ = report_mod.build_report(capped, bws_metrics)
+    report, _ = report_mod.build_report(capped)
     row = report["levels"][0]
     assert "speedup" not in row and row["not_comparable"].startswith("concurrency 32 is above the request cap 16")
     assert report["gate"]["failures"][0].startswith("speed-up not measured at concurrency 32: concurrency 32 is above")
     assert "not comparable: concurrency 32 is above the request cap 16" in report_mod.markdown(report)
     other_workload = inputs(baseline=None, recorded_baseline=recorded(30.0))
     other_workload["bench"]["levels"][0]["workload"] = "random"
-    row = report_mod.build_report(other_workload, bws_metrics)[0]["levels"][0]
+    row = report_mod.build_report(other_workload)[0]["levels"][0]
     assert row["not_comparable"] == "the baseline ran the sharegpt workload at concurrency 1, this run random"
 
 
@@ -180,10 +179,10 @@ def sampled_level(throughput: float, concurrency: int = 8) -> dict:
     return {"concurrency": concurrency, "num_prompts": 32, "workload": "sharegpt_sampled",
             "sampling": {"temperature": 0.6, "top_p": 0.95}, "result": bench(throughput, completed=32),
             "metrics_available": True,
-            "metrics_before": {VLLM_COUNTERS['drafts']: 0, VLLM_COUNTERS['draft_tokens']: 0,
-                               VLLM_COUNTERS['accepted_tokens']: 0},
-            "metrics_after": {VLLM_COUNTERS['drafts']: 100, VLLM_COUNTERS['draft_tokens']: 300,
-                              VLLM_COUNTERS['accepted_tokens']: 150}}
+            "metrics_before": {VLLM_NAMES['drafts']: 0, VLLM_NAMES['draft_tokens']: 0,
+                               VLLM_NAMES['accepted_tokens']: 0},
+            "metrics_after": {VLLM_NAMES['drafts']: 100, VLLM_NAMES['draft_tokens']: 300,
+                              VLLM_NAMES['accepted_tokens']: 150}}
 
 
 def with_sampled_level(run: dict, throughput: float) -> dict:
@@ -197,10 +196,9 @@ def test_the_sampled_level_is_reported_with_its_workload_and_sampling_and_gated_
                                   300.0)
     for level in measured["bench"]["levels"]:
         level["metrics_before"] = level["metrics_after"] = {}
-    document = report_mod.build_report(measured, bws_metrics)[1]
+    document = report_mod.build_report(measured)[1]
     assert document["levels"] == {"1": {"workload": "sharegpt"}, "8": {"workload": "sharegpt_sampled"}}
-    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=None, recorded_baseline=document), 240.0),
-                                        bws_metrics)
+    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=None, recorded_baseline=document), 240.0))
     sampled = report["levels"][1]
     assert sampled["workload"] == "sharegpt_sampled" and sampled["sampling"] == {"temperature": 0.6, "top_p": 0.95}
     assert sampled["speedup"]["value"] == pytest.approx(0.8)
@@ -222,8 +220,7 @@ def test_a_greedy_baseline_is_never_compared_with_the_sampled_level(tmp_path):
     greedy = recorded(300.0)
     greedy["output_throughput"] = {"1": 82.5, "8": 300.0}
     greedy["levels"] = {"1": {"workload": "sharegpt"}, "8": {"workload": "sharegpt"}}
-    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=None, recorded_baseline=greedy), 400.0),
-                                        bws_metrics)
+    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=None, recorded_baseline=greedy), 400.0))
     why = "the baseline ran the sharegpt workload at concurrency 8, this run sharegpt_sampled"
     assert report["levels"][1]["not_comparable"] == why and "speedup" not in report["levels"][1]
     assert f"speed-up not measured at concurrency 8: {why} (" in " | ".join(report["gate"]["failures"])
@@ -234,7 +231,7 @@ def test_a_greedy_baseline_is_never_compared_with_the_sampled_level(tmp_path):
     document["levels"] = {"8": {"workload": "sharegpt_sampled"}}
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(document))
-    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=str(path)), 400.0), bws_metrics)
+    report, _ = report_mod.build_report(with_sampled_level(inputs(baseline=str(path)), 400.0))
     assert report["levels"][1]["not_comparable"] == ("the baseline ran the sharegpt_sampled workload with "
                                                      "temperature 1.0, this run with temperature 0.6, top_p 0.95")
 
@@ -245,7 +242,7 @@ def test_a_baseline_recorded_before_workloads_carried_their_sampling_still_compa
            for name, spec in WORKLOADS.items() if name != "sharegpt_sampled"}
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(recorded(baseline_key={**KEY, "workloads": old})))
-    row = report_mod.build_report(inputs(baseline=str(path)), bws_metrics)[0]["levels"][0]
+    row = report_mod.build_report(inputs(baseline=str(path)))[0]["levels"][0]
     assert "not_comparable" not in row and row["speedup"]["value"] == pytest.approx(54.6 / 82.5)
 
 
@@ -253,13 +250,13 @@ def test_baseline_mode_document_round_trips_as_verify_baseline(tmp_path):
     measured = inputs(mode="baseline", speculative=False, baseline=None)
     measured["bench"]["levels"][0]["result"] = bench(82.5)
     measured["bench"]["levels"][0]["metrics_before"] = measured["bench"]["levels"][0]["metrics_after"] = {}
-    report, baseline_doc = report_mod.build_report(measured, bws_metrics)
+    report, baseline_doc = report_mod.build_report(measured)
     assert report["gate"]["not_applicable"] == "baseline mode: measurement only"
     assert baseline_doc["kind"] == "verify-baseline" and baseline_doc["output_throughput"] == {"1": 82.5}
     assert baseline_doc["speculative_counters_seen"] is False
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(baseline_doc))
-    report, _ = report_mod.build_report(inputs(baseline=str(path)), bws_metrics)
+    report, _ = report_mod.build_report(inputs(baseline=str(path)))
     assert report["levels"][0]["speedup"]["value"] == pytest.approx(54.6 / 82.5)
     assert str(path) in report["levels"][0]["baseline_output_throughput"]["source"]
     assert report["baseline"]["warnings"] == []
@@ -270,7 +267,7 @@ def test_baseline_from_another_host_or_key_is_flagged(tmp_path):
     path.write_text(json.dumps({"kind": "verify-baseline", "host": "gpu02", "profile": "other", "engine": "vllm",
                                 "key": {**KEY, "tensor_parallel_size": 4}, "engine_is_test_double": False,
                                 "speculative_counters_seen": True, "output_throughput": {"1": 82.5}}))
-    report, _ = report_mod.build_report(inputs(baseline=str(path)), bws_metrics)
+    report, _ = report_mod.build_report(inputs(baseline=str(path)))
     warnings = " | ".join(report["gate"]["warnings"])
     assert "baseline host is 'gpu02', this run's is 'gpu01'" in warnings
     assert "its 'key' differs" in warnings
@@ -290,7 +287,7 @@ def test_a_baseline_of_the_workload_on_another_route_is_not_compared(tmp_path, e
     document = recorded(baseline_key={**KEY, "workloads": {**WORKLOADS, "sharegpt": sharegpt}})
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(document))
-    report, _ = report_mod.build_report(inputs(baseline=str(path)), bws_metrics)
+    report, _ = report_mod.build_report(inputs(baseline=str(path)))
     row = report["levels"][0]
     assert "speedup" not in row and row["not_comparable"] == why
     assert report["gate"]["failures"][0].startswith(f"speed-up not measured at concurrency 1: {why} (")
@@ -306,13 +303,13 @@ def test_bad_baseline_files_are_refused(tmp_path, content, needle):
     if content is not None:
         path.write_text(content)
     with pytest.raises(report_mod.InputError, match=needle):
-        report_mod.build_report(inputs(baseline=str(path)), bws_metrics)
+        report_mod.build_report(inputs(baseline=str(path)))
 
 
 def test_speculation_claimed_but_absent_fails():
     claimed = inputs(baseline=None)
     claimed["bench"]["levels"][0]["metrics_after"] = {"vllm:generation_tokens_total": 100.0}
-    gate = report_mod.build_report(claimed, bws_metrics)[0]["gate"]
+    gate = report_mod.build_report(claimed)[0]["gate"]
     assert not gate["passed"]
     assert "engine exports no speculative-decoding counters" in gate["failures"][-1]
 
@@ -320,9 +317,8 @@ def test_speculation_claimed_but_absent_fails():
 def test_cli_writes_the_files_and_prints_the_gate(tmp_path):
     out = tmp_path / "report"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--inputs", "-", "--out-dir", str(out), "--chart",
-         f"--module-utils={REPO / 'plugins' / 'module_utils'}"],
-        input=json.dumps(inputs()), capture_output=True, text=True, check=True)
+        [*PROGRAM, "--inputs", "-", "--out-dir", str(out), "--chart"],
+        input=json.dumps(inputs()), capture_output=True, text=True, check=True, env=PROGRAM_ENV, cwd="/")
     printed = json.loads(result.stdout)
     assert printed["gate"]["passed"] is False
     assert printed["summary"][-1].startswith("FAIL: speed-up 0.66x at concurrency 1")
@@ -332,10 +328,16 @@ def test_cli_writes_the_files_and_prints_the_gate(tmp_path):
 
 def test_cli_bad_baseline_exits_2_with_the_reason(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--inputs", "-", "--out-dir", str(tmp_path / "r"),
-         f"--module-utils={REPO / 'plugins' / 'module_utils'}"],
+        [*PROGRAM, "--inputs", "-", "--out-dir", str(tmp_path / "r")],
         input=json.dumps(inputs(baseline=str(tmp_path / "missing.json"))), capture_output=True, text=True,
-        check=False)
+        check=False, env=PROGRAM_ENV, cwd="/")
     assert result.returncode == 2
     assert "verify_baseline:" in result.stderr and "is not a file" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_chart_check_runs_as_a_module():
+    """roles/verify/tasks/controller_preflight.yml's check: the chart's module, run with -m."""
+    result = subprocess.run([sys.executable, "-m", verify_chart.__name__, "--check", "--report", "-", "--out", "-"],
+                            capture_output=True, text=True, check=False, env=PROGRAM_ENV, cwd="/")
+    assert result.returncode == 0, result.stderr

@@ -1,23 +1,22 @@
 """Engine metrics for verify: Prometheus text parsing, acceptance over a window, speed-up gate.
 
 Stdlib only. Used on the target by plugins/modules/engine_metrics.py (parsing) and on the controller by
-roles/verify/files/verify_report.py (acceptance, speed-up, gate messages).
+plugins/plugin_utils/verify_report.py (acceptance, speed-up, gate messages).
 
-Acceptance has one definition for both engines, computed from counter deltas over a benchmark
-window (never from since-start averages):
+Acceptance is computed from counter deltas over a benchmark window (never from since-start averages), by the
+formula the engine's roster entry declares (meta/engines.yml, `metrics`): which counters the engine exports
+(`counters`: what each counts -> its name) and how accept length and accept rate follow from their deltas
+(`acceptance`):
 
-* vLLM:   accept rate   = d(spec_decode_num_accepted_tokens) / d(spec_decode_num_draft_tokens)
-          accept length = 1 + d(spec_decode_num_accepted_tokens) / d(spec_decode_num_drafts)
-* SGLang: accept length = d(generation_tokens) / d(spec_verify_calls)   (bonus token included)
-          accept rate   = (accept length - 1) / (speculative_num_draft_tokens - 1)
-          as SGLang 0.5.23 divides (srt/managers/scheduler_components/metrics_reporter.py, tokenizer_manager.py:
-          correct drafts / (verify calls x (num_draft_tokens - 1))); speculative_num_steps only where the number
-          of draft tokens is unknown (the two agree when eagle_topk is 1: num_draft_tokens = num_steps + 1)
+* a ratio: ``{ratio: [numerator, denominator], plus: p}`` = p + Δnumerator / Δdenominator;
+* ``per_step``: the other one through the draft tokens of a verify step, k = speculative_num_draft_tokens - 1
+  (speculative_num_steps where the draft tokens are unknown; the two agree when eagle_topk is 1):
+  length = 1 + rate * k, rate = (length - 1) / k.
 
-Both are the same quantity: with k draft tokens per verify step, accept length = 1 + rate * k.
-SGLang exports no accepted/drafted counters (its spec_accept_rate is a "most recent" gauge), so its
-rate is derived from the length. The SGLang counters count finished requests only, so a window
-must end after the benchmark's requests have finished (the benchmark client waits for them).
+At least one of the two is a ratio. The engines' declarations and the upstream files behind them are in the roster;
+with k draft tokens per verify step every declaration measures the same quantity (length = 1 + rate * k).
+`generation_tokens` counts every generated token; every other counter is one that only speculative decoding
+increments (their absence says speculation is off).
 """
 
 from __future__ import annotations
@@ -25,12 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# The counter names come from the engine roster (meta/engines.yml, each engine's `metrics`): a mapping of what each
-# counter counts to its name, and the scheme that says which counters there are.
-SCHEME_COUNTERS = {
-    "verify_calls": ("generation_tokens", "verify_calls"),
-    "draft_counters": ("generation_tokens", "drafts", "draft_tokens", "accepted_tokens"),
-}
+# What a roster entry's `acceptance` may say of length and rate (see the module docstring).
+ACCEPTANCE_KEYS = ("length", "rate")
+PER_STEP = "per_step"
+PLAIN_COUNTER = "generation_tokens"
 
 
 class MetricsError(ValueError):
@@ -139,63 +136,135 @@ class Acceptance:
                 "detail": self.detail, "problem": self.problem}
 
 
-def _scheme(counters: dict[str, str]) -> str:
-    scheme = counters.get("acceptance")
-    if scheme not in SCHEME_COUNTERS:
-        raise MetricsError(f"unknown acceptance scheme {scheme!r}: expected one of {sorted(SCHEME_COUNTERS)}")
-    missing = [role for role in SCHEME_COUNTERS[scheme] if not counters.get(role)]
-    if missing:
-        raise MetricsError(f"the {scheme} scheme needs the counter names {', '.join(missing)}")
-    return scheme
+def _ratio_problems(what: str, rule: object, counters: dict) -> list[str]:
+    if rule == PER_STEP:
+        return []
+    if not isinstance(rule, dict) or set(rule) - {"ratio", "plus"} or "ratio" not in rule:
+        return [f"acceptance.{what} must be {PER_STEP!r} or {{ratio: [numerator, denominator], plus: number}}"]
+    ratio, plus = rule["ratio"], rule.get("plus", 0)
+    if not (isinstance(ratio, list) and len(ratio) == 2 and all(isinstance(name, str) for name in ratio)):
+        return [f"acceptance.{what}.ratio must be two counter keys [numerator, denominator]"]
+    problems = [f"acceptance.{what}.ratio names {name!r}, which is not a key of counters" for name in ratio
+                if name not in counters]
+    if isinstance(plus, bool) or not isinstance(plus, (int, float)):
+        problems.append(f"acceptance.{what}.plus must be a number")
+    return problems
 
 
-def speculative_counter_names(counters: dict[str, str]) -> tuple[str, ...]:
-    """The names of the counters speculative decoding increments (all but the generated tokens)."""
-    return tuple(counters[role] for role in SCHEME_COUNTERS[_scheme(counters)] if role != "generation_tokens")
+def scheme_problems(metrics: object) -> list[str]:
+    """What is wrong with an engine's `metrics` declaration (empty when nothing is)."""
+    if not isinstance(metrics, dict):
+        return ["metrics must be a mapping"]
+    problems = [f"metrics.{key} is missing" for key in ("prefix", "counters", "acceptance") if key not in metrics]
+    problems += [f"metrics.{key} is not a key (known: prefix, counters, acceptance)" for key in metrics
+                 if key not in ("prefix", "counters", "acceptance")]
+    if problems:
+        return problems
+    counters, acceptance = metrics["counters"], metrics["acceptance"]
+    if not isinstance(metrics["prefix"], str) or not metrics["prefix"]:
+        problems.append("metrics.prefix must be a non-empty string")
+    if not isinstance(counters, dict) or not counters or not all(
+            isinstance(name, str) and name for name in counters.values()):
+        return [*problems, "metrics.counters must map what each counter counts to its name (non-empty strings)"]
+    if len(counters) < 2 or PLAIN_COUNTER not in counters:
+        problems.append(f"metrics.counters must name {PLAIN_COUNTER} and at least one counter of speculative decoding")
+    if not isinstance(acceptance, dict) or set(acceptance) != set(ACCEPTANCE_KEYS):
+        return [*problems, "metrics.acceptance must say how length and rate are measured (keys length, rate)"]
+    for what in ACCEPTANCE_KEYS:
+        problems += [f"metrics.{problem}" for problem in _ratio_problems(what, acceptance[what], counters)]
+    if all(acceptance[what] == PER_STEP for what in ACCEPTANCE_KEYS):
+        problems.append("metrics.acceptance: one of length and rate must be a ratio of counters")
+    return problems
 
 
-def has_speculative_counters(counters: dict[str, str], scraped: dict[str, float]) -> bool:
+def _checked(metrics: dict) -> dict:
+    problems = scheme_problems(metrics)
+    if problems:
+        raise MetricsError("acceptance metrics: " + "; ".join(problems))
+    return metrics
+
+
+def speculative_counter_names(metrics: dict) -> tuple[str, ...]:
+    """The names of the counters only speculative decoding increments (all but the generated tokens)."""
+    counters = _checked(metrics)["counters"]
+    return tuple(name for what, name in counters.items() if what != PLAIN_COUNTER)
+
+
+def has_speculative_counters(metrics: dict, scraped: dict[str, float]) -> bool:
     """True when the engine exports the counters that speculative decoding increments."""
-    return all(name in scraped for name in speculative_counter_names(counters))
+    return all(name in scraped for name in speculative_counter_names(metrics))
 
 
-def window_acceptance(engine: str, counters: dict[str, str], before: dict[str, float], after: dict[str, float], *,
+def _ratio_value(rule: dict, value: dict[str, float]) -> float | str:
+    """p + Δnumerator / Δdenominator, or the problem: the denominator did not move."""
+    numerator, denominator = rule["ratio"]
+    if value[denominator] <= 0:
+        return f"no {denominator.replace('_', ' ')} over the window"
+    return rule.get("plus", 0) + value[numerator] / value[denominator]
+
+
+def _per_step(num_steps: int | None, num_draft_tokens: int | None, detail: dict[str, float]) -> float | None:
+    if num_draft_tokens and num_draft_tokens > 1:
+        detail["num_draft_tokens"] = float(num_draft_tokens)
+        return float(num_draft_tokens - 1)
+    if num_steps and num_steps > 0:
+        detail["num_steps"] = float(num_steps)
+        return float(num_steps)
+    return None
+
+
+def describe_acceptance(metrics: dict) -> str:
+    """The declared formulas in words, with the engine's counter names (for the report)."""
+    counters, acceptance = metrics["counters"], metrics["acceptance"]
+
+    def ratio(rule: dict) -> str:
+        numerator, denominator = (counters[name].split(":")[-1].removesuffix("_total") for name in rule["ratio"])
+        plus = rule.get("plus", 0)
+        return f"{f'{plus:g} + ' if plus else ''}Δ{numerator} / Δ{denominator}"
+
+    length = (ratio(acceptance["length"]) if acceptance["length"] != PER_STEP else
+              "1 + rate × (num_draft_tokens − 1)")
+    rate = (ratio(acceptance["rate"]) if acceptance["rate"] != PER_STEP else
+            "(length − 1) / (num_draft_tokens − 1), num_steps where the draft tokens are unknown")
+    return f"length = {length}, rate = {rate}"
+
+
+def window_acceptance(engine: str, metrics: dict, before: dict[str, float], after: dict[str, float], *,
                       num_steps: int | None = None, num_draft_tokens: int | None = None) -> Acceptance:
-    """Acceptance rate and length from the counter deltas between two /metrics scrapes. `counters` is the engine's
-    roster `metrics` (its scheme and counter names); the verify_calls scheme gives the rate over
-    num_draft_tokens - 1 drafts per verify step, or num_steps where num_draft_tokens is unknown."""
-    scheme = _scheme(counters)
+    """Acceptance rate and length from the counter deltas between two /metrics scrapes, by the formulas the engine's
+    roster `metrics` declares; `per_step` goes through num_draft_tokens - 1 draft tokens per verify step, or
+    num_steps where num_draft_tokens is unknown."""
+    acceptance_rule = _checked(metrics)["acceptance"]
     result = Acceptance(engine=engine)
-    if not has_speculative_counters(counters, after):
+    if not has_speculative_counters(metrics, after):
         result.problem = "the engine exports no speculative-decoding counters (is speculation on?)"
         return result
-    names = {role: counters[role] for role in SCHEME_COUNTERS[scheme]}
+    used = [name for what in ACCEPTANCE_KEYS if acceptance_rule[what] != PER_STEP
+            for name in acceptance_rule[what]["ratio"]]
+    names = {what: metrics["counters"][what] for what in dict.fromkeys(used)}
     delta = counter_deltas(before, after, tuple(names.values()))
-    value = {role: delta.get(name, 0.0) for role, name in names.items()}
-    if scheme == "draft_counters":
-        drafts, draft_tokens, accepted = value["drafts"], value["draft_tokens"], value["accepted_tokens"]
-        result.detail = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
-        if drafts <= 0 or draft_tokens <= 0:
-            result.problem = "no drafts over the window"
-            return result
-        result.rate = accepted / draft_tokens
-        result.length = 1.0 + accepted / drafts
+    value = {what: delta.get(name, 0.0) for what, name in names.items()}
+    result.detail = dict(value)
+    measured: dict[str, float | None] = {}
+    for what in ACCEPTANCE_KEYS:
+        if acceptance_rule[what] != PER_STEP:
+            outcome = _ratio_value(acceptance_rule[what], value)
+            if isinstance(outcome, str):
+                result.problem = outcome
+                return result
+            measured[what] = outcome
+    if len(measured) == len(ACCEPTANCE_KEYS):
+        result.length, result.rate = measured["length"], measured["rate"]
         return result
-    generated, verify_calls = value["generation_tokens"], value["verify_calls"]
-    result.detail = {"generation_tokens": generated, "verify_calls": verify_calls}
-    if verify_calls <= 0:
-        result.problem = "no verify calls over the window"
-        return result
-    result.length = generated / verify_calls
-    if num_draft_tokens and num_draft_tokens > 1:
-        result.rate = (result.length - 1.0) / (num_draft_tokens - 1)
-        result.detail["num_draft_tokens"] = float(num_draft_tokens)
-    elif num_steps and num_steps > 0:
-        result.rate = (result.length - 1.0) / num_steps
-        result.detail["num_steps"] = float(num_steps)
-    else:
-        result.problem = ("speculative_num_draft_tokens and speculative_num_steps unknown: the accept rate cannot be "
-                          "derived from the length")
+    step = _per_step(num_steps, num_draft_tokens, result.detail)
+    if "length" not in measured:
+        measured["length"] = None if step is None else 1.0 + measured["rate"] * step
+    if "rate" not in measured:
+        measured["rate"] = None if step is None else (measured["length"] - 1.0) / step
+    result.length, result.rate = measured["length"], measured["rate"]
+    if step is None:
+        result.problem = ("speculative_num_draft_tokens and speculative_num_steps unknown: the accept "
+                          f"{'rate' if result.rate is None else 'length'} cannot be derived")
     return result
 
 

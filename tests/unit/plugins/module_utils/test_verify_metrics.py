@@ -11,6 +11,8 @@ from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster im
 # The counter names of the engine roster (meta/engines.yml), as the verify role passes them.
 SGLANG = load_roster()["sglang"]["metrics"]
 VLLM = load_roster()["vllm"]["metrics"]
+SGL_C, VLLM_C = SGLANG["counters"], VLLM["counters"]
+V_DRAFTS, V_TOKENS, V_ACCEPTED = VLLM_C["drafts"], VLLM_C["draft_tokens"], VLLM_C["accepted_tokens"]
 
 SGLANG_TEXT = """\
 # HELP sglang:generation_tokens_total Number of generation tokens processed.
@@ -74,8 +76,8 @@ def test_counter_deltas_ignore_gauges_and_refuse_a_restart():
 
 
 def test_vllm_acceptance_over_the_window_not_since_start():
-    before = {VLLM['drafts']: 1000, VLLM['draft_tokens']: 3000, VLLM['accepted_tokens']: 2700}  # 90 % before
-    after = {VLLM['drafts']: 1100, VLLM['draft_tokens']: 3300, VLLM['accepted_tokens']: 2745}  # 45 of 300 in window
+    before = {V_DRAFTS: 1000, V_TOKENS: 3000, V_ACCEPTED: 2700}  # 90 % before
+    after = {V_DRAFTS: 1100, V_TOKENS: 3300, V_ACCEPTED: 2745}  # 45 of 300 in window
     result = m.window_acceptance("vllm", VLLM, before, after)
     assert result.rate == pytest.approx(0.15)
     assert result.length == pytest.approx(1.45)
@@ -84,8 +86,8 @@ def test_vllm_acceptance_over_the_window_not_since_start():
 
 
 def test_sglang_acceptance_length_and_rate_from_num_steps():
-    before = {SGLANG['generation_tokens']: 5000, SGLANG['verify_calls']: 1000}
-    after = {SGLANG['generation_tokens']: 7200, SGLANG['verify_calls']: 2000}
+    before = {SGL_C['generation_tokens']: 5000, SGL_C['verify_calls']: 1000}
+    after = {SGL_C['generation_tokens']: 7200, SGL_C['verify_calls']: 2000}
     result = m.window_acceptance("sglang", SGLANG, before, after, num_steps=3)
     assert result.length == pytest.approx(2.2)
     assert result.rate == pytest.approx(0.4)
@@ -97,8 +99,8 @@ def test_sglang_acceptance_length_and_rate_from_num_steps():
 def test_sglang_rate_divides_by_the_draft_tokens_as_sglang_does():
     """SGLang 0.5.23 (metrics_reporter.py, tokenizer_manager.py): correct drafts / (verify calls x (num_draft_tokens
     - 1)). With a draft tree (eagle_topk > 1) num_draft_tokens - 1 differs from num_steps."""
-    before = {SGLANG['generation_tokens']: 0, SGLANG['verify_calls']: 0}
-    after = {SGLANG['generation_tokens']: 2200, SGLANG['verify_calls']: 1000}  # 1200 correct drafts
+    before = {SGL_C['generation_tokens']: 0, SGL_C['verify_calls']: 0}
+    after = {SGL_C['generation_tokens']: 2200, SGL_C['verify_calls']: 1000}  # 1200 correct drafts
     tree = m.window_acceptance("sglang", SGLANG, before, after, num_steps=3, num_draft_tokens=8)
     assert tree.rate == pytest.approx(1200 / (1000 * 7)) and tree.length == pytest.approx(2.2)
     assert tree.detail["num_draft_tokens"] == 8 and tree.problem is None
@@ -113,26 +115,56 @@ def test_one_definition_for_both_engines():
         "sglang",
         SGLANG,
         {},
-        {SGLANG['generation_tokens']: verify_calls + accepted, SGLANG['verify_calls']: verify_calls},
+        {SGL_C['generation_tokens']: verify_calls + accepted, SGL_C['verify_calls']: verify_calls},
         num_steps=k,
     )
     vllm = m.window_acceptance(
         "vllm",
         VLLM,
         {},
-        {VLLM['drafts']: verify_calls, VLLM['draft_tokens']: verify_calls * k, VLLM['accepted_tokens']: accepted},
+        {V_DRAFTS: verify_calls, V_TOKENS: verify_calls * k, V_ACCEPTED: accepted},
     )
     assert sglang.rate == pytest.approx(vllm.rate) and sglang.length == pytest.approx(vllm.length)
 
 
 def test_acceptance_problems_are_named():
     assert "no speculative-decoding counters" in m.window_acceptance("sglang", SGLANG, {}, {"x": 1}).problem
-    idle = {VLLM['drafts']: 5, VLLM['draft_tokens']: 15, VLLM['accepted_tokens']: 3}
+    idle = {V_DRAFTS: 5, V_TOKENS: 15, V_ACCEPTED: 3}
     assert m.window_acceptance("vllm", VLLM, idle, idle).problem == "no drafts over the window"
-    with pytest.raises(m.MetricsError, match="unknown acceptance scheme"):
-        m.window_acceptance("trt", {"acceptance": "magic"}, {}, {})
-    with pytest.raises(m.MetricsError, match="needs the counter names verify_calls"):
-        m.window_acceptance("x", {"acceptance": "verify_calls", "generation_tokens": "x:gen"}, {}, {})
+    with pytest.raises(m.MetricsError, match=r"metrics\.acceptance must say how length and rate are measured"):
+        m.window_acceptance("trt", {"prefix": "t:", "counters": SGL_C, "acceptance": "magic"}, {}, {})
+    broken = {**SGLANG, "acceptance": {"length": {"ratio": ["generation_tokens", "verify_call"]}, "rate": "per_step"}}
+    with pytest.raises(m.MetricsError, match=r"ratio names 'verify_call', which is not a key of counters"):
+        m.window_acceptance("x", broken, {}, {})
+    both_derived = {**SGLANG, "acceptance": {"length": "per_step", "rate": "per_step"}}
+    assert "one of length and rate must be a ratio" in " ".join(m.scheme_problems(both_derived))
+
+
+# A third engine's own declaration: accepted tokens and verify steps, the length from their ratio plus the bonus
+# token, the rate from the length through the draft tokens of a step.
+OWN = {"prefix": "own:", "counters": {"generation_tokens": "own:gen_total", "steps": "own:steps_total",
+                                     "accepted": "own:accepted_total"},
+       "acceptance": {"length": {"ratio": ["accepted", "steps"], "plus": 1}, "rate": "per_step"}}
+
+
+def test_an_engine_declares_a_scheme_of_its_own():
+    assert m.scheme_problems(OWN) == []
+    after = {"own:gen_total": 999, "own:steps_total": 100, "own:accepted_total": 150}
+    result = m.window_acceptance("own", OWN, {"own:steps_total": 0, "own:accepted_total": 0}, after,
+                                 num_draft_tokens=4)
+    assert result.length == pytest.approx(2.5) and result.rate == pytest.approx(0.5)
+    assert result.detail == {"accepted": 150, "steps": 100, "num_draft_tokens": 4}
+    assert m.speculative_counter_names(OWN) == ("own:steps_total", "own:accepted_total")
+    assert m.describe_acceptance(OWN).startswith("length = 1 + Δaccepted / Δsteps, rate = (length − 1)")
+    unknown = m.window_acceptance("own", OWN, {}, after)
+    assert unknown.length == pytest.approx(2.5) and unknown.rate is None
+    assert "the accept rate cannot be derived" in unknown.problem
+
+
+def test_the_rosters_declarations_in_words():
+    assert m.describe_acceptance(VLLM) == ("length = 1 + Δspec_decode_num_accepted_tokens / Δspec_decode_num_drafts, "
+                                           "rate = Δspec_decode_num_accepted_tokens / Δspec_decode_num_draft_tokens")
+    assert m.describe_acceptance(SGLANG).startswith("length = Δgeneration_tokens / Δspec_verify_calls, rate = ")
 
 
 def test_speedup_message_of_the_reference_host():

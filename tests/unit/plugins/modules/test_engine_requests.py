@@ -205,10 +205,10 @@ def test_with_an_api_key_the_admin_routes_join_the_table_and_the_generating_rout
 
 
 def test_the_sglang_role_lists_its_admin_routes_for_the_probe() -> None:
-    """roles/sglang/files/admin_routes.yml, which verify reads through the roster's role (the contract test checks it
-    against the real app)."""
+    """The roster's admin_routes of SGLang (meta/engines.yml), which verify asks (the contract test checks them against
+    the real app)."""
     import yaml
 
-    listed = yaml.safe_load((REPO / "roles" / "sglang" / "files" / "admin_routes.yml").read_text())["post"]
+    listed = yaml.safe_load((REPO / "meta" / "engines.yml").read_text())["engines"]["sglang"]["admin_routes"]
     assert "/abort_request" in listed and "/update_weights_from_disk" in listed and listed == sorted(set(listed))
     assert not [path for path in listed if "{" in path or path.startswith(("/health", "/ready", "/metrics"))]

@@ -1,10 +1,12 @@
-#!/usr/bin/env python3
 """Verify report: turn what the verify role collected into report.json, report.md (and baseline.json).
 
-Runs on the controller with the playbook's Python. Input: the inputs.json the role wrote (bench client
-JSON per concurrency level, /metrics counters before and after each level, smoke and readiness
-results). It computes acceptance over each benchmark window and the speed-up against the baseline,
-decides the gate, writes the files, and prints one JSON object on stdout:
+Controller-only code: the action plugin verify_report (plugins/action/verify_report.py) imports it and runs it in
+the playbook's process. It is also a command-line program, with the controller's Python and the collection
+importable (for example PYTHONPATH=<repository>/collections):
+    python -m ansible_collections.blackwell.serving.plugins.plugin_utils.verify_report --inputs F --out-dir D
+Input: the inputs.json the role wrote (bench client JSON per concurrency level, /metrics counters before and after
+each level, smoke and readiness results). It computes acceptance over each benchmark window and the speed-up
+against the baseline, decides the gate, writes the files, and prints one JSON object on stdout:
     {"gate": {...}, "summary": [lines], "files": {...}}
 Exit status 0 even when the gate fails (the role fails the play with the gate's messages); 2 on bad
 input (a baseline file that does not exist or is not a baseline).
@@ -13,10 +15,12 @@ input (a baseline file that does not exist or is not a baseline).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from ansible_collections.blackwell.serving.plugins.module_utils.engine import metrics
+from ansible_collections.blackwell.serving.plugins.plugin_utils.verify_chart import draw
 
 # Where each number comes from; the report prints these beside the numbers.
 SRC_BENCH = "bench client JSON {key}"
@@ -31,19 +35,6 @@ BENCH_KEYS = ("output_throughput", "completed", "duration", "total_output_tokens
 
 class InputError(ValueError):
     """Bad input: reported on stderr with exit status 2."""
-
-
-def load_metrics_module(paths: list[str]):
-    """engine/metrics.py of the collection's module_utils (stdlib only), from the first of `paths` that has it."""
-    for path in paths:
-        source = Path(path) / "engine" / "metrics.py"
-        if source.is_file():
-            spec = importlib.util.spec_from_file_location("bws_engine_metrics", source)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # its dataclasses look their module up
-            spec.loader.exec_module(module)
-            return module
-    raise InputError(f"engine/metrics.py not found in the module_utils paths {paths}")
 
 
 def number(value: object, source: str) -> dict[str, object]:
@@ -84,7 +75,7 @@ def sampling_text(sampling: object) -> str:
     return ", ".join(f"{key} {value}" for key, value in sampling.items())
 
 
-def _document_levels(document: dict, metrics, where: str) -> dict[int, dict]:
+def _document_levels(document: dict, where: str) -> dict[int, dict]:
     """{concurrency: {"output_throughput", "workload"?, "endpoint"?, "sampling"?, "request_cap"?}} of a baseline
     document. `endpoint` is the route the baseline's workload was sent to and `sampling` its sampling parameters (its
     key's workloads; None where not recorded)."""
@@ -119,7 +110,7 @@ def _document_warnings(document: dict, inputs: dict) -> list[str]:
     return warnings
 
 
-def resolve_baseline(raw: object, inputs: dict, metrics) -> tuple[dict[int, dict] | None, dict[str, object]]:
+def resolve_baseline(raw: object, inputs: dict) -> tuple[dict[int, dict] | None, dict[str, object]]:
     """Return ({concurrency: {"output_throughput", "workload", "request_cap"}} or None, description).
 
     An explicit baseline (verify_baseline / verify_baselines) wins; otherwise the one a run without speculation
@@ -137,7 +128,7 @@ def resolve_baseline(raw: object, inputs: dict, metrics) -> tuple[dict[int, dict
         info["source"] = (f"baseline recorded on the host {inputs.get('recorded_baseline_path')} by the verify run "
                           f"of profile {recorded.get('profile')!r} (measured {recorded.get('timestamp')})")
         info["path"] = inputs.get("recorded_baseline_path")
-        return _document_levels(recorded, metrics, "recorded baseline"), info
+        return _document_levels(recorded, "recorded baseline"), info
     if isinstance(raw, dict):
         info["source"] = "baseline from inventory (verify_baseline / verify_baselines[profile])"
         return {level: {"output_throughput": value, "workload": None, "request_cap": None}
@@ -146,7 +137,7 @@ def resolve_baseline(raw: object, inputs: dict, metrics) -> tuple[dict[int, dict
     info["source"] = f"baseline report {path} (measured {document.get('timestamp')})"
     info["path"] = str(path)
     info["warnings"] = _document_warnings(document, inputs)
-    return _document_levels(document, metrics, str(path)), info
+    return _document_levels(document, str(path)), info
 
 
 def not_comparable(level: dict, inputs: dict, reference: dict | None) -> str | None:
@@ -186,7 +177,7 @@ def level_sampling(level: dict, inputs: dict) -> dict | None:
 
 # --- levels -----------------------------------------------------------------------------------------
 
-def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, dict] | None,
+def summarise_level(level: dict, inputs: dict, baseline: dict[int, dict] | None,
                     baseline_source: str) -> tuple[dict, object]:
     concurrency = int(level["concurrency"])
     bench = level["result"]
@@ -225,13 +216,13 @@ def summarise_level(level: dict, inputs: dict, metrics, baseline: dict[int, dict
     return row, acceptance
 
 
-def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
+def build_report(inputs: dict) -> tuple[dict, dict | None]:
     baseline, baseline_info = (None, {"source": "not used in baseline mode", "warnings": []})
     if inputs["mode"] != "baseline":
-        baseline, baseline_info = resolve_baseline(inputs.get("baseline"), inputs, metrics)
+        baseline, baseline_info = resolve_baseline(inputs.get("baseline"), inputs)
     rows, acceptance = [], {}
     for level in inputs["bench"]["levels"]:
-        row, accept = summarise_level(level, inputs, metrics, baseline, str(baseline_info["source"]))
+        row, accept = summarise_level(level, inputs, baseline, str(baseline_info["source"]))
         rows.append(row)
         if accept is not None:
             acceptance[row["concurrency"]] = accept
@@ -278,6 +269,7 @@ def build_report(inputs: dict, metrics) -> tuple[dict, dict | None]:
         "since_start": {"avg_spec_accept_length": number(inputs.get("since_start_accept_length"), SRC_SINCE_START)}
         if inputs.get("since_start_accept_length") is not None else None,
         "gate": gate, "gate_levels": [int(x) for x in gate_cfg["levels"]],
+        "acceptance_formula": metrics.describe_acceptance(inputs["acceptance_counters"]),
     }
     baseline_doc = None
     if not inputs["speculative"]:  # a run without speculation is the baseline of its key
@@ -358,10 +350,8 @@ def markdown(report: dict) -> str:
               "`output_throughput`, `mean_ttft_ms`, `median_itl_ms`, `p99_itl_ms`, `completed`.",
               f"- Baseline tok/s: {report['baseline']['source']}.",
               "- Speed-up: this run's `output_throughput` / baseline `output_throughput`, per concurrency.",
-              f"- Accept rate and length: {SRC_WINDOW} (scraped before and after each level). "
-              "vLLM: rate = Δaccepted_tokens / Δdraft_tokens, length = 1 + Δaccepted_tokens / Δdrafts. "
-              "SGLang: length = Δgeneration_tokens / Δspec_verify_calls, rate = (length − 1) / (num_draft_tokens − 1), "
-              "as SGLang divides (num_steps where the draft tokens are unknown)."]
+              f"- Accept rate and length: {SRC_WINDOW} (scraped before and after each level), as the engine's "
+              f"roster entry declares them: {report['acceptance_formula']}."]
     extras = [(row["concurrency"], row[key]) for row in report["levels"]
               for key in ("bench_client_accept_rate", "bench_client_accept_length") if key in row]
     for level, item in extras:
@@ -412,14 +402,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", required=True, help="inputs.json, or - for stdin (then saved as inputs.json)")
     parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--module-utils", action="append", default=[], help="module_utils path (repeatable)")
     parser.add_argument("--chart", action="store_true", help="also draw throughput.png (needs matplotlib)")
     args = parser.parse_args(argv)
     try:
-        metrics = load_metrics_module(args.module_utils)
         text = sys.stdin.read() if args.inputs == "-" else Path(args.inputs).read_text(encoding="utf-8")
         inputs = json.loads(text)
-        report, baseline_doc = build_report(inputs, metrics)
+        report, baseline_doc = build_report(inputs)
     except (InputError, ValueError, KeyError, OSError) as exc:
         print(f"verify report: {exc}", file=sys.stderr)
         return 2
@@ -434,9 +422,6 @@ def main(argv: list[str]) -> int:
         files["baseline"] = args.out_dir / "baseline.json"
         files["baseline"].write_text(json.dumps(baseline_doc, indent=2) + "\n", encoding="utf-8")
     if args.chart:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from verify_chart import draw
-
         draw(report, files["chart"])
     print(json.dumps({"gate": report["gate"], "summary": summary_lines(report),
                       "engine_is_test_double": report["engine_is_test_double"],

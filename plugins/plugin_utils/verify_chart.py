@@ -1,7 +1,9 @@
-#!/usr/bin/env python3
 """Verify chart: throughput per concurrency (baseline vs this run) and acceptance, from report.json.
 
-Runs on the controller with the playbook's Python; needs matplotlib (the Agg backend, no display).
+Controller-only code, run with the playbook's Python; needs matplotlib (the Agg backend, no display). Imported by
+plugin_utils/verify_report.py (the action plugin verify_report draws throughput.png through it), and a
+command-line program, with the collection importable (roles/verify/tasks/controller_preflight.yml runs --check):
+    python -m ansible_collections.blackwell.serving.plugins.plugin_utils.verify_chart --report R --out O [--check]
 Exit status 3 when matplotlib is missing, with the package to install named on stderr.
 """
 
