@@ -20,7 +20,7 @@ def release_document(document: Any, where: str = "the release document") -> dict
     try:
         return checked_document(document, where)
     except DocumentError as exc:
-        raise AnsibleFilterError(f"{exc} (release document schema {SCHEMA_VERSION}, docs/release-document.md)") from exc
+        raise AnsibleFilterError(f"{exc} (release document schema {SCHEMA_VERSION}, docs/release-document.md)") from None
 
 
 class FilterModule:

@@ -759,10 +759,10 @@ def test_vllm_worker_hang_at_start_logs_the_shared_memory_warning_and_never_serv
         front_end.stop()
 
 
-# --- SGLang's drain on SIGTERM and its abort: what engine_drain (plugins/modules/engine_drain.py) relies on ------
+# --- SGLang's drain on SIGTERM and its abort: what the sglang role's drain (tasks/drain.yml) relies on ---------
 def _observe_drain_and_abort(base_url: str, process, served_name: str, admin_key: str) -> dict:
     """A long stream in flight, SIGTERM to the main process, /health, then POST /abort_request abort_all with the
-    admin key (plugins/modules/engine_drain.py sends the config's admin-api-key)."""
+    admin key (roles/sglang/files/bws_sglang_abort.py sends the config's admin-api-key)."""
     import threading
     import urllib.request
 

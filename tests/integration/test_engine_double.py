@@ -118,7 +118,8 @@ def test_concurrency_64_streams_get_no_connection_reset(doubles):
 
 def test_sglang_drains_on_sigterm_without_a_limit_until_abort_request_ends_what_is_in_flight(doubles):
     """SGLang 0.5.23 on SIGTERM: /health 503, requests in flight run on (no limit), exit when none is left;
-    POST /abort_request {"abort_all": true} ends them with finish_reason "abort" (what engine_drain relies on)."""
+    POST /abort_request {"abort_all": true} ends them with finish_reason "abort" (what the sglang role's drain relies
+    on)."""
     import os
     import signal
     import threading

@@ -103,16 +103,6 @@ def test_a_document_that_is_not_an_object_is_refused(value) -> None:
         document.checked_document(value)
 
 
-def test_the_filter_names_the_schema_and_the_docs() -> None:
-    from ansible.errors import AnsibleFilterError
-    from ansible_collections.blackwell.serving.plugins.filter.release_document import release_document
-
-    with pytest.raises(AnsibleFilterError, match=r"port must be an integer.*release document schema 1, "
-                                                 r"docs/release-document.md"):
-        release_document({**valid(), "port": "30000"})
-    assert release_document(valid())["nnodes"] == 1
-
-
 def test_subclasses_of_the_json_types_are_named_by_their_json_type() -> None:
     class TaggedStr(str):
         """As Ansible's templating hands strings over (a str subclass carrying its origin)."""
