@@ -20,7 +20,9 @@ def release_document(document: Any, where: str = "the release document") -> dict
     try:
         return checked_document(document, where)
     except DocumentError as exc:
-        raise AnsibleFilterError(f"{exc} (release document schema {SCHEMA_VERSION}, docs/release-document.md)") from None
+        # Not chained: Ansible would print the cause's message a second time.
+        raise AnsibleFilterError(f"{exc} (release document schema {SCHEMA_VERSION}, "
+                                 "docs/release-document.md)") from None
 
 
 class FilterModule:
