@@ -207,14 +207,10 @@ if want lint; then
   start_background ansible-lint ansible-lint --strict -q
 fi
 if want unit; then
-  # The plugins' own unit tests run under ansible-test, on the collection as it is packed: beside pytest, whose
-  # integration tests leave part of the cores idle while their playbooks and engine doubles wait, at a lower CPU
-  # priority so that pytest's timed doubles keep theirs; read once pytest is done.
-  start_background ansible-test-units env BWS_JUNIT="$RESULTS/ansible-test-units.xml" \
-    nice -n 10 bash scripts/ansible_test.sh units
+  # the plugins' own unit tests run under ansible-test, on the collection as it is packed
+  run_stage ansible-test-units env BWS_JUNIT="$RESULTS/ansible-test-units.xml" bash scripts/ansible_test.sh units
   run_stage pytest pytest_stage pytest "${PARALLEL[@]}" -m "not container" --ignore=tests/unit/plugins tests/unit \
     tests/integration
-  run_stage ansible-test-units await_background ansible-test-units
 fi
 if want lint; then run_stage ansible-lint await_background ansible-lint; fi
 if want pytest; then
