@@ -57,12 +57,14 @@ still_active:
   description: Whether the unit was still running O(timeout_s) after SIGTERM (its requests are to be ended).
   returned: always
   type: bool
-unit_file:
+exec_start:
   description:
-    - The file systemd runs the unit from (its C(FragmentPath); the trial copy under C(/run/systemd/system.control)
-      while a release is on trial), for the engine's own abort; empty when the unit is not running.
+    - The command line of the unit's C(ExecStart=), split as systemd splits it, from the file systemd runs the unit
+      from (its C(FragmentPath); the trial copy under C(/run/systemd/system.control) while a release is on trial),
+      for the engine's own abort; empty when the unit is not running or its file cannot be read.
   returned: always
-  type: str
+  type: list
+  elements: str
 elapsed_s:
   description: Seconds from SIGTERM until the unit ended or the bound.
   returned: always
@@ -78,6 +80,11 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import unit_properties
+from ansible_collections.blackwell.serving.plugins.module_utils.host.unit_file import (
+    exec_start_argv,
+    read_text,
+    service_settings,
+)
 
 
 def is_active(unit: str) -> bool:
@@ -85,8 +92,11 @@ def is_active(unit: str) -> bool:
     return unit_properties(unit, ("ActiveState",)).get("ActiveState") in ("active", "reloading")
 
 
-def unit_file(unit: str) -> str:
-    return unit_properties(unit, ("FragmentPath",)).get("FragmentPath") or ""
+def unit_command_line(unit: str) -> list[str]:
+    """The unit's ExecStart= argv, from the file systemd loaded it from."""
+    path = unit_properties(unit, ("FragmentPath",)).get("FragmentPath") or ""
+    text = read_text(path) if path else None
+    return exec_start_argv(service_settings(text)) if text else []
 
 
 def wait_until_inactive(unit: str, bound_s: float) -> float | None:
@@ -107,10 +117,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     unit, bound = module.params["unit"], module.params["timeout_s"]
-    result = {"changed": False, "drained": False, "still_active": False, "elapsed_s": 0.0, "unit_file": ""}
+    result = {"changed": False, "drained": False, "still_active": False, "elapsed_s": 0.0, "exec_start": []}
     if not is_active(unit):
         module.exit_json(**result, message=f"{unit} is not running")
-    result["unit_file"] = unit_file(unit)
+    result["exec_start"] = unit_command_line(unit)
     if module.check_mode:
         module.exit_json(**{**result, "changed": True},
                          message=f"would send SIGTERM to {unit} and give its requests {bound} s")

@@ -1,5 +1,6 @@
 """What systemd makes of a unit file: its [Service] settings and the environment it gives the process
-(stdlib only; runs on the target). Used by the interconnect_proof module to run the proof as the unit runs."""
+(stdlib only; runs on the target). Used by the interconnect_proof module to run the proof as the unit runs, by
+secrets/unit_secrets.py to find the keys a unit gives its engine, and by engine_drain for the unit's command line."""
 
 from __future__ import annotations
 
@@ -50,6 +51,14 @@ def unquote_words(value: str) -> list[str]:
     if in_word:
         words.append("".join(current))
     return [word.replace("%%", "%") for word in words]
+
+
+def exec_start_argv(settings: list[tuple[str, str]]) -> list[str]:
+    """The first ExecStart= of the unit, split as systemd splits it (its prefixes -@:+! dropped, %% and $$ undone)."""
+    for key, value in settings:
+        if key == "ExecStart" and value:
+            return [word.replace("$$", "$") for word in unquote_words(value.lstrip("-@:+!"))]
+    return []
 
 
 def parse_environment_file(text: str) -> dict[str, str]:

@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import unit_properties
 from ansible_collections.blackwell.serving.plugins.module_utils.host.unit_file import (
+    exec_start_argv,
     read_text,
     service_settings,
     unit_environment,
-    unquote_words,
 )
 
 Reader = Callable[[str], "str | None"]
@@ -26,14 +26,6 @@ Reader = Callable[[str], "str | None"]
 
 class UnitSecretsError(Exception):
     """A file the unit names cannot be read: the secrets it holds would go unlooked-for."""
-
-
-def exec_start_argv(settings: list[tuple[str, str]]) -> list[str]:
-    """The first ExecStart= of the unit, split as systemd splits it (its prefixes -@:+! dropped, %% and $$ undone)."""
-    for key, value in settings:
-        if key == "ExecStart" and value:
-            return [word.replace("$$", "$") for word in unquote_words(value.lstrip("-@:+!"))]
-    return []
 
 
 def argv_values(argv: list[str], flags: list[str]) -> list[str]:

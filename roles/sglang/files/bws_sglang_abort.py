@@ -7,9 +7,9 @@ deploy's drain bound has passed, ``POST /abort_request {"abort_all": true}`` end
 and SGLang shuts its schedulers down itself. /abort_request is an admin route (srt/utils/auth.py): with an admin key
 set only it is accepted, so the unit's config file gives the key (admin-api-key, else api-key); it is read here, on
 the host, and never printed. Only units that run ``sglang serve --config FILE`` are SGLang's to abort; anything else
-is left to its own stop. Stdlib only. Prints one line saying what it did; exit 0 unless the unit cannot be read.
+is left to its own stop. Stdlib only. Prints one line saying what it did; exit 0 unless the config cannot be read.
 
-    bws_sglang_abort.py --unit sglang.service --unit-file PATH   (the file systemd runs the unit from)
+    bws_sglang_abort.py --unit sglang.service --exec-start JSON   (the unit's command line, as engine_drain returns it)
 """
 
 from __future__ import annotations
@@ -17,22 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import urllib.error
 import urllib.request
 
 PROGRAM = "sglang"
-
-
-def exec_start_argv(unit_text: str) -> list[str]:
-    """The argv of the unit's ExecStart= (systemd quoting as roles/engine_service writes it: %% and $$ escaped)."""
-    for raw in unit_text.splitlines():
-        line = raw.strip()
-        if line.startswith("ExecStart="):
-            words = shlex.split(line[len("ExecStart="):].lstrip("-@:+!"))
-            return [w.replace("%%", "%").replace("$$", "$") for w in words]
-    return []
 
 
 def serve_config_path(argv: list[str]) -> str | None:
@@ -79,9 +68,8 @@ def post_abort_all(url: str, api_key: str | None, timeout_s: float = 10.0) -> st
         return f"not answered ({exc})"
 
 
-def abort_in_flight(unit: str, unit_file: str) -> str:
-    with open(unit_file, encoding="utf-8") as handle:
-        config_path = serve_config_path(exec_start_argv(handle.read()))
+def abort_in_flight(unit: str, exec_start: list[str]) -> str:
+    config_path = serve_config_path(exec_start)
     if config_path is None:
         return f"{unit} does not run `{PROGRAM} serve --config`: its own stop applies"
     with open(config_path, encoding="utf-8") as handle:
@@ -93,11 +81,11 @@ def abort_in_flight(unit: str, unit_file: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--unit", required=True)
-    parser.add_argument("--unit-file", required=True,
-                        help="the file systemd runs the unit from (the trial copy under /run while on trial)")
+    parser.add_argument("--exec-start", required=True, type=json.loads,
+                        help="the unit's ExecStart= argv as a JSON list (engine_drain's exec_start)")
     args = parser.parse_args(argv)
     try:
-        print(abort_in_flight(args.unit, args.unit_file))
+        print(abort_in_flight(args.unit, args.exec_start))
     except OSError as exc:
         print(f"cannot read what {args.unit} runs: {exc}", file=sys.stderr)
         return 1
