@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -437,6 +436,32 @@ def sim(tmp_path: Path, mode: str = "ok", wedged: dict[int, dict] | None = None)
     }
 
 
+def this_tests_tree(procs: dict[int, pf.Proc]) -> dict[int, pf.Proc]:
+    """The processes of this test: the test process, its ancestors (which the module spares) and its descendants."""
+    me = os.getpid()
+    keep = {me} | pf.ancestors(me, procs) | set(pf.descendants({me}, procs))
+    return {pid: proc for pid, proc in procs.items() if pid in keep}
+
+
+@pytest.fixture(autouse=True)
+def only_this_tests_processes(monkeypatch):
+    """main() sees and signals this test's own processes only, and fails closed otherwise.
+
+    The module's scope is every process of the service users that matches an engine pattern; the tests make the
+    test's own user a service user, so without this the module would select (and SIGTERM, then SIGKILL after its
+    10 s grace) whatever engine-titled process that user runs elsewhere on the machine: another test's engine, a
+    sandbox's. A signal to a process outside this test's tree fails the test and is not sent."""
+    real_snapshot, real_send = gpu_release.snapshot, release_signals.send
+    monkeypatch.setattr(gpu_release, "snapshot", lambda *args, **kw: this_tests_tree(real_snapshot(*args, **kw)))
+
+    def guarded_send(proc: pf.Proc, sig: int) -> bool:
+        if proc.pid not in pf.descendants({os.getpid()}, real_snapshot()):
+            pytest.fail(f"gpu_release would signal PID {proc.pid} ({proc.title}), which this test did not start")
+        return real_send(proc, sig)
+
+    monkeypatch.setattr(release_signals, "send", guarded_send)
+
+
 def run_main(args, capsys, check=True):
     with patch_module_args({**args, "_ansible_check_mode": check}), pytest.raises(SystemExit) as exc:
         gpu_release_module.main()
@@ -670,14 +695,49 @@ def test_wedged_needs_every_reading_busy_and_reads_again_only_what_looked_busy()
     assert health.wedged_gpus(first, [], sample=None, keys={"A"}, sleep=pauses.append)[0] == {}
 
 
-def test_a_hung_nvidia_smi_ends_at_its_timeout_with_a_message_and_the_release_goes_on(tmp_path, capsys):
+def record_smi_waits(monkeypatch) -> dict:
+    """Every timeout the nvidia-smi runner waits with (communicate, the reap after a kill) and the groups it killed."""
+    from ansible_collections.blackwell.serving.plugins.module_utils.nvidia import smi as nv
+
+    waits: dict = {"communicate": [], "reap": [], "killed_groups": 0}
+    real_start, real_killpg = nv._start, os.killpg
+
+    def start(argv):
+        proc = real_start(argv)
+        real_communicate, real_wait = proc.communicate, proc.wait
+
+        def communicate(timeout=None):
+            waits["communicate"].append(timeout)
+            return real_communicate(timeout=timeout)
+
+        def wait(timeout=None):
+            waits["reap"].append(timeout)
+            return real_wait(timeout=timeout)
+
+        proc.communicate, proc.wait = communicate, wait
+        return proc
+
+    def killpg(pgid, sig):
+        waits["killed_groups"] += 1
+        return real_killpg(pgid, sig)
+
+    monkeypatch.setattr(nv, "_start", start)
+    monkeypatch.setattr(nv.os, "killpg", killpg)
+    return waits
+
+
+def test_a_hung_nvidia_smi_ends_at_its_timeout_with_a_message_and_the_release_goes_on(tmp_path, capsys, monkeypatch):
     (tmp_path / "shm").mkdir()
     (tmp_path / "shm" / "psm_stale").write_bytes(b"x")
     args = {**sim(tmp_path, mode="hang"), "nvidia_smi_timeout_s": 0.5, "service_users": [str(os.geteuid())]}
-    t0 = time.monotonic()
+    waits = record_smi_waits(monkeypatch)
     rc, out = run_main(args, capsys, check=False)
-    assert time.monotonic() - t0 < 5
     assert rc == 1
+    # the bound, without a clock: each nvidia-smi call was given what was left of the 0.5 s, nothing was signalled
+    # (so no grace period ran), and what follows the timeout waits at most 1 s per killed call (abandon)
+    assert waits["communicate"] and all(0 < w <= 0.5 for w in waits["communicate"]), waits
+    assert waits["killed_groups"] == 2 and all(w <= 1 for w in waits["reap"]), waits
+    assert out["targets"] == [] and out["signalled"] == {"TERM": [], "KILL": []}
     assert " --query-gpu=index," in out["msg"]
     assert out["msg"].endswith("did not answer within 0.5 s (nvidia_smi_timeout_s) and was killed: the driver or a "
                                "GPU is hung. Check dmesg for Xid errors; `nvidia-smi -r` (GPUs idle) or a reboot "
