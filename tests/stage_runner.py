@@ -170,7 +170,7 @@ class Outcome:
     """What became of a stage: passed, failed, timed out, or skipped (with why)."""
 
     name: str
-    status: str = "pending"  # pending, running, passed, failed, timed out, skipped
+    status: str = "pending"  # pending, running, passed, failed, timed out, interrupted, skipped
     rc: int | None = None
     started_s: float | None = None  # since the run began
     seconds: float | None = None
@@ -185,8 +185,8 @@ class Outcome:
         """Why a stage did not pass, in a few words: its failed tests, its status, or why it did not run."""
         if self.status == "skipped":
             return f"skipped: {self.why}"
-        if self.status == "timed out":
-            return self.why or "timed out"
+        if self.status in ("timed out", "interrupted"):
+            return self.why or self.status
         if self.counts is not None and self.counts.failed:
             return f"{self.counts.failed} failed"
         if self.why:
@@ -306,7 +306,8 @@ class Runner:
                 log.write(text + "\n")
                 self.printer.line(f"[{name}] {text}")
 
-    def finish(self, spec: StageSpec, rc: int, why: str = "", timed_out: bool = False) -> None:
+    def finish(self, spec: StageSpec, rc: int, why: str = "", ended: str = "") -> None:
+        """Record how a stage ended; ``ended`` is "timed out" or "interrupted" for a stage this runner stopped."""
         outcome = self.outcomes[spec.name]
         running = self.running.pop(spec.name, None)
         if running is not None:
@@ -314,8 +315,8 @@ class Runner:
             outcome.seconds = self.clock() - running.started
         outcome.rc = rc
         outcome.counts = stage_counts(self.results, spec.junit)
-        if timed_out:
-            outcome.status, outcome.why = "timed out", why
+        if ended:
+            outcome.status, outcome.why = ended, why
         elif rc == 0 and (outcome.counts is None or outcome.counts.failed == 0):
             outcome.status = "passed"
         else:
@@ -351,13 +352,13 @@ class Runner:
     def stop_all(self) -> None:
         for running in list(self.running.values()):
             self.signal_group(running, signal.SIGTERM)
-        end = self.clock() + self.kill_grace_s
-        while any(r.process.poll() is None for r in self.running.values()) and self.clock() < end:
+        end = time.monotonic() + self.kill_grace_s  # real time: the run is ending, the injected clock may not move
+        while any(r.process.poll() is None for r in self.running.values()) and time.monotonic() < end:
             time.sleep(self.poll_s)
         for running in list(self.running.values()):
             self.signal_group(running, signal.SIGKILL)
             running.process.wait()
-            self.finish(running.spec, running.process.returncode, why="interrupted", timed_out=True)
+            self.finish(running.spec, running.process.returncode, why="the run was interrupted", ended="interrupted")
 
     # -- the schedule
 
@@ -367,7 +368,7 @@ class Runner:
             outcome = self.outcomes.get(need)
             if outcome is None:
                 return f"needs {need}, which is not part of this run"
-            if outcome.status in ("failed", "timed out", "skipped"):
+            if outcome.status in ("failed", "timed out", "interrupted", "skipped"):
                 return f"needs {need}, which {'did not run' if outcome.status == 'skipped' else outcome.status}"
         return None
 
@@ -395,9 +396,9 @@ class Runner:
             if rc is None:
                 self.end_overdue(running)
             else:
-                timed_out = bool(running.signalled)
-                self.finish(running.spec, rc, why=f"killed after {self.timeout_s:.0f}s" if timed_out else "",
-                            timed_out=timed_out)
+                overdue = bool(running.signalled)
+                self.finish(running.spec, rc, why=f"killed after {self.timeout_s:.0f}s" if overdue else "",
+                            ended="timed out" if overdue else "")
 
     def run(self) -> list[Outcome]:
         try:
@@ -433,6 +434,10 @@ def env_int(name: str, default: int) -> int:
     return int(text)
 
 
+def interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     molecule = os.environ.get("BWS_MOLECULE_SCENARIOS")
@@ -443,6 +448,7 @@ def main(argv: Sequence[str]) -> int:
             print(f"{spec.name:<24} {spec.part:<9} slots {spec.slots}  needs {', '.join(spec.needs) or '-'}")
         return 0
     args.results.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, interrupted)  # a CI runner's cancel: the stages' groups are ended, the table printed
     runner = Runner(specs, args.results, slots=env_int("BWS_TEST_SLOTS", 5),
                     timeout_s=env_int("BWS_STAGE_TIMEOUT_S", 3000))
     outcomes = runner.run()

@@ -193,6 +193,37 @@ def test_an_overdue_stage_is_ended_by_its_group_and_reported_timed_out(tmp_path:
     assert lines[-1].startswith("FAILED: hangs (killed after 250s), after (skipped: needs hangs, which timed out)")
 
 
+def test_a_cancelled_run_ends_its_stages_groups_and_still_prints_the_table(tmp_path: Path):
+    """SIGTERM to the scheduler (a CI cancel): the running stage's whole group is ended, the stage is reported as
+    interrupted, the stages not started as skipped, and the run fails."""
+    results, pids = tmp_path / "results", tmp_path / "pids"
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import stage_runner as r; "
+        "specs = [r.StageSpec('hangs', 'unit', ('sh', '-c', sys.argv[3])), "
+        "r.StageSpec('later', 'unit', ('true',), ('hangs',))]; "
+        "runner = r.Runner(specs, r.Path(sys.argv[2]), slots=2, timeout_s=3000, poll_s=0.01, kill_grace_s=5); "
+        "import signal; signal.signal(signal.SIGTERM, r.interrupted); "
+        "outcomes = runner.run(); print('\\n'.join(r.closing_lines(outcomes)))"
+    )
+    results.mkdir()
+    scheduler = subprocess.Popen([sys.executable, "-c", script, str(REPO / "tests"), str(results),
+                                  f"sleep 600 & echo $$ $! > {pids}; wait"], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(3000):  # until the stage has started its child (a safety limit, not a bound)
+            if pids.exists() and len(pids.read_text().split()) == 2:
+                break
+            subprocess.run(["sleep", "0.01"], check=True)
+        scheduler.terminate()
+        out, _ = scheduler.communicate(timeout=120)
+    finally:
+        scheduler.kill()
+    lines = out.splitlines()
+    assert lines[-1] == ("FAILED: hangs (the run was interrupted), later (skipped: the run was interrupted); "
+                         "0 of 2 stages passed; 0 tests (0 passed)"), lines
+    for pid in pids.read_text().split():
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
+
+
 def test_a_command_that_cannot_start_fails_its_stage_and_its_dependents(tmp_path: Path):
     specs = [StageSpec("missing", "unit", ("no-such-program-bws",)), sh("after", "true", ("missing",))]
     outcomes, _lines = run(specs, tmp_path / "results")
