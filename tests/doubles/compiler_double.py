@@ -15,6 +15,11 @@ Faults, for the gates that must tell a compile from a hang:
 
 Use from Python: ``build(module_file, seconds)`` (blocks; returns the seconds spent, 0 on a warm cache) or
 ``start(...)`` (returns the Popen). From a shell: ``compiler_double.py --out FILE --seconds S [--stall-after S]``.
+
+Build log, for the tests that must tell which request or phase built (not how long it took): with
+``COMPILER_DOUBLE_LOG=FILE`` in its environment (the caller's is inherited), each job appends one JSON line
+``{"event": "start", "module": "<name>.so", "out": ..., "pid": ...}`` before it works and one with
+``"event": "published"`` once the module is in place. Unset (the default), nothing is written.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +36,7 @@ import time
 TITLE = "cicc"  # nvcc's front end, the longest-running process of a CUDA build
 CHUNK = 64 * 1024  # written per half second of work: an object file growing
 PR_SET_NAME = 15
+LOG_ENV = "COMPILER_DOUBLE_LOG"  # the build log (see above); unset: none
 
 
 def start(module_file: str, seconds: float, *, stall_after: float | None = None) -> subprocess.Popen:
@@ -58,6 +65,20 @@ def _name_process(title: str) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)
 
 
+def _log(event: str, module_file: str) -> None:
+    """One line of the build log, appended in one write (O_APPEND), when COMPILER_DOUBLE_LOG names one."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    line = json.dumps({"event": event, "module": os.path.basename(module_file), "out": module_file,
+                       "pid": os.getpid()}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def _work(seconds: float, partial: str, stall_after: float | None) -> None:
     began = time.monotonic()
     next_write = began
@@ -83,9 +104,11 @@ def main() -> int:
     _name_process(TITLE)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     partial = f"{args.out}.partial.{os.getpid()}"
+    _log("start", args.out)
     try:
         _work(args.seconds, partial, args.stall_after)
         os.replace(partial, args.out)  # published whole, as SGLang's cache publishes by staging and rename
+        _log("published", args.out)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,23 +42,47 @@ def write_script(path: Path, body: str) -> Path:
     return path
 
 
+def stages_of(ran: subprocess.CompletedProcess[str]) -> list[tuple[str, int]]:
+    return [(name, int(seconds)) for seconds, name in STAGE_LINE.findall(ran.stdout)]
+
+
 def test_a_child_script_continues_the_stage_clock(tmp_path: Path):
-    child = write_script(tmp_path / "child.sh", 'stage child\n')
-    parent = write_script(tmp_path / "parent.sh", f'stage parent\nsleep 1.1\nbash "{child}"\nstage "parent again"\n')
+    """The first script starts the clock and exports it; the script it runs keeps it, whatever the time is."""
+    child = write_script(tmp_path / "child.sh", 'stage child\necho "child t0=$BWS_STAGE_T0"\n')
+    parent = write_script(tmp_path / "parent.sh", f'stage parent\necho "parent t0=$BWS_STAGE_T0"\nbash "{child}"\n'
+                                                  'stage "parent again"\n')
     ran = run(["bash", str(parent)])
     assert ran.returncode == 0, ran.stderr
-    stages = [(name, int(seconds)) for seconds, name in STAGE_LINE.findall(ran.stdout)]
+    stages = stages_of(ran)
     assert [name for name, _ in stages] == ["parent", "child", "parent again"], ran.stdout
     seconds = [s for _, s in stages]
     assert seconds == sorted(seconds), f"the clock went back: {ran.stdout}"
-    assert dict(stages)["child"] >= 1, ran.stdout
+    t0 = dict(re.findall(r"^(parent|child) t0=(\d+)$", ran.stdout, re.MULTILINE))
+    assert set(t0) == {"parent", "child"} and t0["child"] == t0["parent"], ran.stdout
 
 
-def test_an_unusable_inherited_clock_starts_a_new_one(tmp_path: Path):
-    script = write_script(tmp_path / "script.sh", "stage once\n")
-    ran = run(["bash", str(script)], BWS_STAGE_T0="yesterday")
+def test_a_child_script_continues_an_inherited_stage_clock(tmp_path: Path):
+    """A clock started 1000 s ago (the time is set, not waited for) goes on in the script and in its child."""
+    child = write_script(tmp_path / "child.sh", 'stage child\n')
+    parent = write_script(tmp_path / "parent.sh", f'stage parent\nbash "{child}"\nstage "parent again"\n')
+    ran = run(["bash", str(parent)], BWS_STAGE_T0=str(int(time.time()) - 1000))
     assert ran.returncode == 0, ran.stderr
-    assert [int(s) for s, _ in STAGE_LINE.findall(ran.stdout)] in ([0], [1]), ran.stdout
+    stages = stages_of(ran)
+    assert [name for name, _ in stages] == ["parent", "child", "parent again"], ran.stdout
+    seconds = [s for _, s in stages]
+    assert seconds == sorted(seconds), f"the clock went back: {ran.stdout}"
+    assert all(s >= 1000 for s in seconds), f"a script restarted the clock: {ran.stdout}"
+
+
+@pytest.mark.parametrize("unusable", ["yesterday", "{t0}x", "-{t0}", ""])
+def test_an_unusable_inherited_clock_starts_a_new_one(tmp_path: Path, unusable: str):
+    """Not a number of seconds (a word, the epoch of 1000 s ago with a suffix or a sign, nothing): the script starts
+    its own clock at 0, so what it prints is not the 1000 s (or more) that the inherited value would say."""
+    script = write_script(tmp_path / "script.sh", "stage once\n")
+    ran = run(["bash", str(script)], BWS_STAGE_T0=unusable.format(t0=int(time.time()) - 1000))
+    assert ran.returncode == 0, ran.stderr
+    (once,) = [s for _, s in stages_of(ran)]
+    assert 0 <= once < 1000, ran.stdout
 
 
 # --- scripts/env.sh from sh and from bash ---------------------------------------------------------------------------

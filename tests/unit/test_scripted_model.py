@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -102,18 +101,36 @@ def read_bytes() -> int:
         return next(int(line.split()[1]) for line in handle if line.startswith("read_bytes:"))
 
 
-def test_slow_load_reads_from_the_disk_for_its_time_and_logs_nothing(tmp_path):
+class FakeTime:
+    """The scripted model's clock: monotonic() is fake time, which only sleep() moves on (and records)."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 1000.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_slow_load_reads_from_the_disk_for_its_time_and_logs_nothing(tmp_path, monkeypatch):
     """Its only sign of progress is the bytes it reads: each read reaches the block layer (the page cache is
-    dropped first), where the kernel counts them for the process (/proc/<pid>/io) and its cgroup (io.stat)."""
+    dropped first), where the kernel counts them for the process (/proc/<pid>/io) and its cgroup (io.stat).
+    The load lasts SCRIPTED_ENGINE_LOAD_S of the script's clock (fake time here): a read, then a pause, until then."""
     weights = tmp_path / "weights.bin"
     weights.write_bytes(b"\x01" * (256 << 10))
     with open(weights, "rb") as handle:
         os.fsync(handle.fileno())  # written pages are dirty: clean ones can be dropped from the cache
+    clock = FakeTime()
+    monkeypatch.setattr(script, "time", clock)
     logged: list[str] = []
-    before, started = read_bytes(), time.monotonic()
+    before = read_bytes()
     engine = script.Script.from_env(env={"SCRIPTED_ENGINE_FAULT": "slow-load", "SCRIPTED_ENGINE_LOAD_S": "0.9",
                                          "SCRIPTED_ENGINE_LOAD_FILE": str(weights)})
     engine.on_start(log=logged.append)
-    assert 0.9 <= time.monotonic() - started < 2.0
+    # reads at 0, 0.2, 0.4, 0.6 and 0.8 s of the load, each followed by its pause; at 1.0 s the load is over
+    assert clock.sleeps == [script.LOAD_PAUSE_S] * 5 and clock.now - 1000.0 >= 0.9, clock.sleeps
     assert logged == []
     assert read_bytes() - before >= 3 * (256 << 10), "the reads did not reach the disk"

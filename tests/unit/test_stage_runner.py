@@ -240,6 +240,8 @@ def test_the_parts_choose_their_stages_and_the_setup_they_need():
     assert [s.name for s in wanted_specs(specs, ["molecule"], ["default"])] == ["bootstrap", "image",
                                                                                "molecule-default"]
     assert len(wanted_specs(specs, list(PARTS))) == len(specs), "the whole run runs every stage"
+    (hosts,) = [spec for spec in specs if spec.part == "host"]
+    assert hosts.slots == 5 and specs[-1] is hosts, "the host scenarios run alone in the default budget, last"
     names = {spec.name for spec in specs}
     assert all(need in names for spec in specs for need in spec.needs)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -178,12 +179,35 @@ def test_main_without_driver_can_return_instead_of_failing(tmp_path, capsys):
     assert out["gpus"] == [] and "nvidia-smi not found" in out["reason"]
 
 
-def test_hung_nvidia_smi_ends_at_the_timeout_and_says_so(tmp_path, capsys):
-    hung = tmp_path / "nvidia-smi"
-    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+def process_state(pid: int) -> str | None:
+    """The state letter of /proc/<pid>/stat (Z: a zombie), None when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat[stat.rfind(")") + 2:].split()[0]
+
+
+def test_hung_nvidia_smi_ends_at_the_timeout_and_says_so(tmp_path, capsys, monkeypatch):
+    hung, pidfile = tmp_path / "nvidia-smi", tmp_path / "nvidia-smi.pid"
+    hung.write_text(f'#!/bin/sh\necho $$ > "{pidfile}"\nexec sleep 600\n')  # exec: the pid stays the sleep's
     hung.chmod(0o755)
-    started = time.monotonic()
+    started: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        """subprocess.Popen, remembering each child the module starts (subprocess.run starts it through this)."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
     rc, result = run_main({"nvidia_smi": str(hung), "timeout_s": 1, "fail_on_missing": False}, capsys)
-    assert time.monotonic() - started < 5
     assert rc == 1 and result["failed"] is True and result["kind"] == "timeout"
     assert "did not finish within 1 s (timeout_s)" in result["msg"]
+    # The stand-in was killed at the timeout and reaped, not left hanging (its 600 s sleep is no deadline here).
+    (child,) = [proc for proc in started if proc.args[0] == str(hung)]
+    assert child.returncode == -signal.SIGKILL, child.returncode
+    assert process_state(child.pid) in (None, "Z"), f"the hung nvidia-smi {child.pid} still runs"
+    if pidfile.exists() and pidfile.read_text().strip():  # it got as far as its first line before the kill
+        assert int(pidfile.read_text()) == child.pid
