@@ -192,7 +192,7 @@ def test_release_keeps_live_rank_entries_and_removes_what_a_killed_job_left(tmp_
         # 2. SIGKILL rank 1 in the middle of its all_reduce loop; rank 0 outlives it and stops progressing.
         job.wait_heartbeats_advance([1], timeout=10)  # rank 1 is running collectives when it is killed
         os.kill(r1["pid"], signal.SIGKILL)
-        assert wait_gone([r1["pid"]], 5) == []
+        assert wait_gone([r1["pid"]], 30) == []  # a safety limit for the SIGKILLed rank to be reaped, not a bound
         stall = wait_stalled(job.work, 0, quiet_s=1.0)
         assert alive(r0["pid"]) and alive(job.launcher_pid()), "rank 0 or the launcher died with rank 1"
         leftover = engine_entries()

@@ -123,7 +123,8 @@ def test_an_argument_check_that_cannot_run_stops_the_deploy_before_the_switch(ho
 
 def test_a_deploy_whose_verify_gate_fails_rolls_back_and_the_previous_release_serves(host, runs, tmp_path):
     before = host.state()["current"]
-    # The double made slower with speculation than the recorded baseline: 0.66x at concurrency 1.
+    # The double made slower with speculation than the recorded baseline (about 0.66x at concurrency 1): the gate
+    # fails on the speed-up minimum and the deploy rolls back.
     run = deploy(host, runs, "deploy_sglang.yml", sglang_gate="full",
                  sglang_extra_environment={"ENGINE_DOUBLE_TOKENS_PER_S": "50", "ENGINE_DOUBLE_ACCEPT_RATE": "0.15",
                                            "ENGINE_DOUBLE_SPEC_COST": "1.78"},
@@ -133,7 +134,7 @@ def test_a_deploy_whose_verify_gate_fails_rolls_back_and_the_previous_release_se
                  verify_report_dir=str(tmp_path / "reports"))
     assert run.status == "failed"
     flat = " ".join(run.stdout.split())
-    assert re.search(r"speed-up 0\.[5-7]\dx at concurrency 1 is below the 1\.00x minimum", flat), flat[-3000:]
+    assert re.search(r"speed-up \d+\.\d\dx at concurrency 1 is below the 1\.00x minimum", flat), flat[-3000:]
     assert f"Rolled back: {before} is serving again" in flat
     assert host.state()["current"] == before and host.health() == 200
     assert list((tmp_path / "reports").rglob("report.md")), "the failing gate still wrote its report"
