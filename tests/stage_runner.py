@@ -403,20 +403,29 @@ class Runner:
                             ended="timed out" if overdue else "")
 
     def run(self) -> list[Outcome]:
-        try:
-            while True:
-                self.schedule()
-                if not self.running:
-                    break
-                time.sleep(self.poll_s)
-                self.reap()
-        except KeyboardInterrupt:
+        while not STOP.is_set():
+            self.schedule()
+            if not self.running:
+                break
+            STOP.wait(self.poll_s)
+            self.reap()
+        if STOP.is_set():
             self.say("interrupted: stopping the running stages")
             self.stop_all()
             for outcome in self.outcomes.values():
                 if outcome.status == "pending":
                     outcome.status, outcome.why = "skipped", "the run was interrupted"
         return [self.outcomes[spec.name] for spec in self.specs]
+
+
+# Set by SIGTERM (a CI runner's cancel) or SIGINT (Ctrl-C): the main loop, between two of its steps, ends the running
+# stages' groups and prints the table. A flag, not an exception, so that no step is cut in half (a stage started
+# but not yet recorded would be left running).
+STOP = threading.Event()
+
+
+def interrupted(signum: int, frame: object) -> None:
+    STOP.set()
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -436,10 +445,6 @@ def env_int(name: str, default: int) -> int:
     return int(text)
 
 
-def interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     molecule = os.environ.get("BWS_MOLECULE_SCENARIOS")
@@ -450,7 +455,8 @@ def main(argv: Sequence[str]) -> int:
             print(f"{spec.name:<24} {spec.part:<9} slots {spec.slots}  needs {', '.join(spec.needs) or '-'}")
         return 0
     args.results.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, interrupted)  # a CI runner's cancel: the stages' groups are ended, the table printed
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     runner = Runner(specs, args.results, slots=env_int("BWS_TEST_SLOTS", 5),
                     timeout_s=env_int("BWS_STAGE_TIMEOUT_S", 3000))
     outcomes = runner.run()
