@@ -18,7 +18,9 @@ VENV_DIR=${BWS_VENV_DIR:-$CACHE_DIR/venv}
 COLLECTIONS_DIR=${BWS_COLLECTIONS_DIR:-$CACHE_DIR/collections}
 CONTAINERS_CONF_FILE=$CACHE_DIR/containers.conf
 SANDBOX_IMAGE=${BWS_SANDBOX_IMAGE:-localhost/bws-debian-systemd:bookworm}
-export REPO_ROOT CACHE_DIR VENV_DIR COLLECTIONS_DIR SANDBOX_IMAGE
+# The same image with tests/sandbox/prepare_host.yml applied (scripts/build-prepared-image.sh): what test hosts boot.
+PREPARED_IMAGE=${BWS_PREPARED_IMAGE:-localhost/bws-debian-systemd:prepared}
+export REPO_ROOT CACHE_DIR VENV_DIR COLLECTIONS_DIR SANDBOX_IMAGE PREPARED_IMAGE
 # Our podman settings live in a file we own; a user's /etc/containers is never rewritten.
 export CONTAINERS_CONF=$CONTAINERS_CONF_FILE
 # collections/ holds this checkout as the collection blackwell.serving, beside the pinned ones.

@@ -97,3 +97,13 @@ contract_python() {
 python_identity() {
   "$1" -c 'import os, platform, sys; print(os.path.realpath(sys.executable), platform.python_version())'
 }
+
+# What tests/sandbox/prepare_host.yml puts on a test host is a function of these files and of the image it runs on:
+# their digest names a prepared host (the stamp sandbox.sh writes) and the prepared image (build-prepared-image.sh).
+sandbox_prepared_hash() {
+  {
+    podman image inspect -f '{{.Id}}' "$SANDBOX_IMAGE"
+    (cd "$REPO_ROOT" && find tests/sandbox tests/doubles tests/fixtures/nvidia-smi/rtxpro6000-8gpu-constructed \
+       inventory/sandbox -type f -not -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -d' ' -f1
+}

@@ -28,20 +28,17 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then playbook=$1; shift; fi
 stage "set-up (toolchain, test-host image)"
 bash scripts/bootstrap.sh
 bash scripts/build-image.sh
+bash scripts/build-prepared-image.sh
 
 if [ "$(podman inspect -f '{{.State.Running}}' "$SANDBOX" 2>/dev/null)" != true ]; then
   stage "boot $SANDBOX (systemd container standing in for a GPU server)"
   # CAP_SYS_PTRACE: root reads the engine's /proc/<pid>/fd as root on a real host does (GPU holders, simulated GPUs).
-  bash scripts/boot-test-host.sh --cap-add SYS_PTRACE "$SANDBOX"
+  bash scripts/boot-test-host.sh --cap-add SYS_PTRACE --image "$PREPARED_IMAGE" "$SANDBOX"
 fi
-# The engine test double, the bench client double and the tiny weights are put on the host again only when their
-# files changed since the host was prepared (a playbook run of several seconds otherwise, on every call).
+# The prepared image carries the engine test double, the bench client double, the tiny weights and the simulated
+# GPUs; a sandbox booted from an older one (its stamp differs) is prepared again here.
 PREPARED_STAMP=/etc/bws-sandbox-prepared
-prepared=$(cat tests/sandbox/prepare_host.yml tests/sandbox/make_tiny_model.py tests/doubles/engine_double.py \
-             tests/doubles/bench_client_double.py tests/doubles/nvidia_smi_double.py \
-             tests/doubles/nvidia_smi_double_config.py inventory/sandbox/group_vars/all/sandbox.yml \
-             $(find tests/fixtures/nvidia-smi/rtxpro6000-8gpu-constructed -type f | LC_ALL=C sort) \
-             | sha256sum | cut -d' ' -f1)
+prepared=$(sandbox_prepared_hash)
 if [ "$(podman exec "$SANDBOX" cat "$PREPARED_STAMP" 2>/dev/null)" != "$prepared" ]; then
   stage "prepare $SANDBOX (the engine test double at the engines' paths, tiny weights)"
   ansible-playbook -i inventory/sandbox tests/sandbox/prepare_host.yml >/dev/null

@@ -22,7 +22,7 @@ bootstrap (scripts/bootstrap.sh: the toolchain, a no-op when it is installed):
              context, ansible-test sanity (compile, import, pep8, validate-modules), ansible-lint (production)
   unit       ansible-test units (tests/unit/plugins) beside pytest: the rest of tests/unit and
              tests/integration, without the tests that boot hosts
-  molecule   the Molecule scenarios (default, provision) on systemd test hosts
+  molecule   the Molecule scenario (provision: provision.yml) on a systemd test host
   contract   the engine contracts: the real SGLang and vLLM code of the pinned versions (CPU venvs)
   host       the host scenarios: deploys, faults, fleet and the real front ends on booted systemd hosts
   pytest ... pytest with the given arguments (after the bootstrap and the test-host image), for instance
@@ -55,9 +55,10 @@ cd "$REPO_ROOT"
 RESULTS=$(mktemp -d)
 trap 'rm -rf "$RESULTS"' EXIT
 
-if want pytest; then  # pytest with the user's arguments: after the bootstrap and the test-host image
+if want pytest; then  # pytest with the user's arguments: after the bootstrap and the test-host images
   bash scripts/bootstrap.sh
   bash scripts/build-image.sh
+  bash scripts/build-prepared-image.sh
   stage "pytest ${PYTEST_ARGS[*]}"
   exec pytest -v -p no:cacheprovider "${PYTEST_ARGS[@]}"
 fi

@@ -62,6 +62,7 @@ def stage_specs(workers: str, host_workers: str) -> list[StageSpec]:
     return [
         StageSpec("bootstrap", SETUP, ("bash", "scripts/bootstrap.sh"), slots=1),
         StageSpec("image", SETUP, ("bash", "scripts/build-image.sh"), ("bootstrap",), nice=5),
+        StageSpec("prepared-image", SETUP, ("bash", "scripts/build-prepared-image.sh"), ("image",), nice=5),
         StageSpec("contract-venvs", SETUP, ("python", "tests/contract/prepare_venvs.py"), ("bootstrap",), nice=10),
         StageSpec("yamllint", "lint", ("yamllint", "--strict", "."), ("bootstrap",)),
         StageSpec("ruff", "lint", ("ruff", "check", "."), ("bootstrap",)),
@@ -77,8 +78,6 @@ def stage_specs(workers: str, host_workers: str) -> list[StageSpec]:
         StageSpec("ansible-lint", "lint", ("ansible-lint", "--strict", "-q"), ("bootstrap",)),
         StageSpec("molecule-provision", "molecule", (*step, "molecule", "provision"), ("image",),
                   junit=("molecule-provision.xml",)),
-        StageSpec("molecule-default", "molecule", (*step, "molecule", "default"), ("image",),
-                  junit=("molecule-default.xml",)),
         StageSpec("contracts", "contract", pytest_argv("contracts", *parallel, "tests/contract"),
                   ("contract-venvs",), slots=2, junit=("contracts.xml",)),
         # Its workers boot systemd hosts and start the engines' real front ends, whose start-up (imports, about a
@@ -87,7 +86,7 @@ def stage_specs(workers: str, host_workers: str) -> list[StageSpec]:
         StageSpec("host-scenarios", "host",
                   pytest_argv("host-scenarios", "-n", host_workers, "--dist", "loadfile", "-m", "container",
                               "tests/integration"),
-                  ("image", "contract-venvs"), slots=int(host_workers), junit=("host-scenarios.xml",)),
+                  ("prepared-image", "contract-venvs"), slots=int(host_workers), junit=("host-scenarios.xml",)),
     ]
 
 

@@ -18,6 +18,10 @@ from tests.playbook_run import PlaybookRun, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("BWS_SANDBOX_IMAGE", "localhost/bws-debian-systemd:bookworm")
+# The test-host image with tests/sandbox/prepare_host.yml applied, built once (scripts/build-prepared-image.sh); its
+# hosts carry the stamp PREPARED_STAMP, the digest of what the playbook puts there (sandbox_prepared_hash).
+PREPARED_IMAGE = os.environ.get("BWS_PREPARED_IMAGE", "localhost/bws-debian-systemd:prepared")
+PREPARED_STAMP = "/etc/bws-sandbox-prepared"
 # The test hosts' connection (tests/plugins/connection/podman_nsenter.py): the container's namespaces entered with
 # nsenter, a few milliseconds a command where `podman exec` costs a tenth of a second of CPU.
 CONNECTION = "podman_nsenter"
@@ -30,6 +34,12 @@ os.environ["ANSIBLE_CONNECTION_PLUGINS"] = os.pathsep.join(
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["podman", *args], capture_output=True, text=True, check=check)
+
+
+def prepared_digest() -> str:
+    """The digest a host prepared from this checkout's test doubles carries (scripts/lib.sh)."""
+    return subprocess.run(["bash", "-c", "source scripts/lib.sh && sandbox_prepared_hash"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def podman_available() -> bool:
@@ -55,15 +65,28 @@ class EngineHost:
         other = EngineHost(name, self.workdir, self.fleet, self.groups, self.volumes, caps=self.caps)
         return other
 
-    def boot(self) -> None:
+    def boot(self, image: str = IMAGE) -> None:
         """scripts/boot-test-host.sh: the project's one way to boot a test host."""
         mounts = [argument for volume in self.volumes for argument in ("--volume", volume)]
         caps = [argument for cap in self.caps for argument in ("--cap-add", cap)]
         booted = subprocess.run(["bash", str(REPO / "scripts" / "boot-test-host.sh"), "--label", "owner=bws-test",
-                                 "--image", IMAGE, *mounts, *caps, *self.fleet],
+                                 "--image", image, *mounts, *caps, *self.fleet],
                                 capture_output=True, text=True, check=False)
         if booted.returncode != 0:
             raise RuntimeError(f"{self.fleet} did not boot: {booted.stderr.strip()}")
+
+    def boot_prepared(self) -> None:
+        """Boot from the prepared image (scripts/build-prepared-image.sh, built beforehand by the test command) and
+        check each host's stamp: a host from an image of other test doubles is prepared by the playbook here."""
+        subprocess.run(["bash", str(REPO / "scripts" / "build-prepared-image.sh")], capture_output=True, text=True,
+                       check=True)
+        self.boot(PREPARED_IMAGE)
+        digest = prepared_digest()
+        stale = [name for name in self.fleet
+                 if podman("exec", name, "cat", PREPARED_STAMP, check=False).stdout.strip() != digest]
+        if stale:
+            prepared = self.run_playbook("tests/sandbox/prepare_host.yml", limit=",".join(stale))
+            assert prepared.status == "successful", prepared.stdout[-2000:]
 
     def destroy(self) -> None:
         podman("rm", "-f", "--ignore", "-t", "0", *self.fleet, check=False)

@@ -58,9 +58,7 @@ def booted_engine_host(name: str, workdir: Path) -> Iterator[EngineHost]:
     """A prepared sandbox-image host named `name` (a module fixture's body); destroyed afterwards."""
     engine_host = EngineHost(name, workdir)
     engine_host.write_inventory(inventory_vars(engine_host))
-    engine_host.boot()
-    prepared = engine_host.run_playbook("tests/sandbox/prepare_host.yml")
-    assert prepared.status == "successful", prepared.stdout[-2000:]
+    engine_host.boot_prepared()
     yield engine_host
     engine_host.destroy()
 

@@ -56,13 +56,11 @@ def booted_real_engine_host(engine: str, name: str, workdir: Path, caps: list[st
     # sandbox's bench-client double.
     bench = {"verify_bench_command": [f"/opt/{engine}/venv/bin/python", "-m", load_lock(engine)["bench"]["module"]]}
     host.write_inventory(inventory_vars(host, **REAL_ENGINE_VARS, **bench, **more_vars))
-    host.boot()
+    host.boot_prepared()
     try:
-        for playbook, extravars in (("tests/sandbox/prepare_host.yml", {}),
-                                    ("tests/sandbox/prepare_real_engine.yml",
-                                     {"real_engine": engine, "real_engine_venv_name": venv.name})):
-            prepared = host.run_playbook(playbook, extravars=extravars)
-            assert prepared.status == "successful", prepared.stdout[-3000:]
+        prepared = host.run_playbook("tests/sandbox/prepare_real_engine.yml",
+                                     extravars={"real_engine": engine, "real_engine_venv_name": venv.name})
+        assert prepared.status == "successful", prepared.stdout[-3000:]
         yield host
     finally:
         host.destroy()

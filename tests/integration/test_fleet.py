@@ -33,9 +33,7 @@ PAIR = HOSTS[:2]
 def fleet(tmp_path_factory):
     hosts = EngineHost(HOSTS[0], tmp_path_factory.mktemp("fleet"), fleet=HOSTS, groups={"kimi_pair": PAIR})
     hosts.write_inventory({"engine_profile": "sandbox-tiny"})
-    hosts.boot()
-    prepared = hosts.run_playbook("tests/sandbox/prepare_host.yml")
-    assert prepared.status == "successful", prepared.stdout[-2000:]
+    hosts.boot_prepared()
     yield hosts
     hosts.destroy()
 

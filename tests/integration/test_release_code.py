@@ -64,9 +64,7 @@ def host(tmp_path_factory, locks):
         # The test locks install the engine double, no SGLang or ninja: there are no kernels to build ahead (the
         # pre-build is proven in test_engine_prebuild.py).
         sglang_prebuild=False))
-    engine_host.boot()
-    prepared = engine_host.run_playbook("tests/sandbox/prepare_host.yml")
-    assert prepared.status == "successful", prepared.stdout[-2000:]
+    engine_host.boot_prepared()
     yield engine_host
     engine_host.destroy()
 

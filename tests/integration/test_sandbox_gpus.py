@@ -8,6 +8,11 @@ deploy's GPU preflight checks them and says they are simulated, the ENGINE TEST 
 teardown verifies all 8, and a foreign holder on a simulated GPU (tests/doubles/gpu_holder_double.py, run as root in
 the container) is refused by the next deploy's preflight, named by its PID, and left alive by teardown. The tests
 share the sandbox and run in file order; the sandbox is removed at the end (the holder with it).
+
+The same sandbox holds what a deploy leaves on a systemd host (this was Molecule's default scenario, which booted a
+host of its own for the same deploy and teardown): the unit, its hardening, the engine's user, the release's files and
+state, a second deploy and a check-mode deploy that change nothing, and a teardown that leaves the unit inactive and
+disabled with nothing to boot.
 """
 
 from __future__ import annotations
@@ -16,16 +21,19 @@ import json
 import os
 import re
 import subprocess
+from pathlib import PurePosixPath
 
 import pytest
 
 from tests.integration.engine_host import REPO, podman
 from tests.integration.gpu_helpers import MINOR_OF_INDEX
 from tests.integration.lifecycle_helpers import CONTAINER_MARKS
+from tests.playbook_run import PlaybookRun, run_playbook
 
 pytestmark = CONTAINER_MARKS
 
 NAME = "bws-it-sandbox-gpus"
+HOST = "bws-sandbox"  # inventory/sandbox's host, whichever container it reaches
 GPU_DOUBLE = "/opt/bws-gpu-double"  # inventory/sandbox's sandbox_gpu_double_dir
 NVIDIA_SMI = f"{GPU_DOUBLE}/nvidia-smi"  # the NVIDIA-SMI TEST DOUBLE's wrapper on the sandbox host
 CHECKED = ("8 GPU(s) (NVIDIA RTX PRO 6000 Blackwell Server Edition) with driver 580.105.08 and compute capability "
@@ -34,6 +42,10 @@ SIMULATED = ("SIMULATED GPUs: the 8 NVIDIA RTX PRO 6000 here are the NVIDIA-SMI 
              "(tests/doubles/nvidia_smi_double.py) over stand-in device files")
 GPU_LINE = re.compile(r"GPU (\d) \(minor (\d)\): ([^;]*); (\d+) -> (\d+) MiB \(freed \d+\); (clean|NOT clean[^']*)")
 HOLDER_MIB = 4096
+HEALTH = ("python3 -c \"import urllib.request as u; "
+          "print(u.urlopen('http://127.0.0.1:30000/health', timeout=10).status)\"")
+BOOT_DRY_RUN = "/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run"
+RELEASE = re.compile(r"^sglang-[0-9a-f]{12}$")
 
 
 def sandbox(*args: str, destroy: bool = False) -> tuple[int, str]:
@@ -49,6 +61,22 @@ def sandbox(*args: str, destroy: bool = False) -> tuple[int, str]:
 
 def on_host(command: str) -> str:
     return podman("exec", NAME, "sh", "-c", command).stdout.strip()
+
+
+def deploy_through_the_runner(*, check: bool = False) -> PlaybookRun:
+    """deploy_sglang.yml on this test's sandbox through tests/playbook_run.py, the runner whose events give the recap
+    (the sandbox inventory names its host bws-sandbox and reaches the container BWS_SANDBOX_NAME)."""
+    return run_playbook("playbooks/deploy_sglang.yml", REPO / "inventory" / "sandbox", check=check, diff=check,
+                        envvars={"BWS_SANDBOX_NAME": NAME}, timeout=900)
+
+
+def stat(path: str) -> tuple[str, str, int]:
+    owner, group, mode = on_host(f"stat -c '%U %G %a' {path}").split()
+    return owner, group, int(mode, 8)
+
+
+def unit_text() -> str:
+    return on_host("cat /etc/systemd/system/sglang.service")
 
 
 def compute_apps() -> list[list[str]]:
@@ -81,6 +109,81 @@ def test_the_deploy_checks_the_simulated_gpus_and_says_they_are_simulated(sandbo
     assert f"device minors [{MINOR_OF_INDEX[0]}]" in on_host("journalctl -u sglang -o cat --no-pager")
 
 
+def test_the_unit_serves_and_is_what_the_boot_unit_starts(sandbox_host):
+    assert on_host("systemctl is-active sglang") == "active"
+    # No engine unit is enabled: the boot unit is, and starts the release state.json names.
+    assert on_host("systemctl is-enabled sglang || true") == "disabled"
+    assert on_host("systemctl is-enabled vllm || true") != "enabled"  # vLLM was never deployed here
+    assert on_host("systemctl is-enabled llm-serving-boot") == "enabled"
+    choice = json.loads(on_host(BOOT_DRY_RUN))
+    state = json.loads(on_host("cat /var/lib/llm-serving/state.json"))
+    assert RELEASE.match(state["current"]), state
+    assert choice["unit"] == "sglang.service" and choice["release"] == state["current"], choice
+    assert on_host(HEALTH) == "200"
+
+
+def test_the_unit_is_exec_hardened_and_bounded(sandbox_host):
+    assert stat("/etc/systemd/system/sglang.service") == ("root", "root", 0o644)
+    text = unit_text()
+    for line in ("Type=exec", "KillMode=mixed", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                 "PrivateTmp=yes", "RemoveIPC=yes", "LimitMEMLOCK=infinity", "User=sglang",
+                 "Conflicts=vllm.service", "Restart=on-failure"):
+        assert line in text.splitlines(), line
+    unit_section = text.split("[Service]")[0]
+    assert "StartLimitBurst=" in unit_section and "StartLimitIntervalSec=" in unit_section
+    assert re.search(r"^ExecStart=/opt/sglang/venv/bin/sglang serve --config /var/lib/llm-serving/releases/"
+                     r"sglang-[0-9a-f]{12}/config.yaml$", text, re.M), text
+
+
+def test_the_engine_runs_as_the_service_user(sandbox_host):
+    main_pid = on_host("systemctl show -p MainPID --value sglang")
+    assert main_pid.isdigit() and main_pid != "0"
+    assert on_host(f"ps -o user= -p {main_pid}") == "sglang"
+
+
+def test_the_config_is_readable_by_root_and_the_service_group_only(sandbox_host):
+    config = on_host("ls /var/lib/llm-serving/releases/sglang-*/config.yaml")
+    assert stat(config) == ("root", "sglang", 0o640)
+    text = on_host(f"cat {config}")
+    assert 'speculative-algorithm: "EAGLE3"' in text and "tp-size: 1" in text, text
+
+
+def test_sglang_logs_through_the_release_logging_configuration(sandbox_host):
+    """SGLang logs its server_args (api_key included) on start: the release's logging.json, on the unit's
+    SGLANG_LOGGING_CONFIG_PATH, filters it with the module beside it on PYTHONPATH."""
+    text = unit_text()
+    release = re.search(r'^Environment="PYTHONPATH=(/var/lib/llm-serving/releases/sglang-[0-9a-f]{12})"$', text, re.M)
+    assert release, text
+    assert f'Environment="SGLANG_LOGGING_CONFIG_PATH={release.group(1)}/logging.json"' in text.splitlines()
+    config = json.loads(on_host(f"cat {release.group(1)}/logging.json"))
+    assert config["filters"]["redact_api_keys"]["()"] == "bws_sglang_logging.RedactApiKeys"
+    assert on_host(f"test -f {release.group(1)}/bws_sglang_logging.py && echo present") == "present"
+
+
+def test_the_state_records_the_serving_release_and_its_files(sandbox_host):
+    state = json.loads(on_host("cat /var/lib/llm-serving/state.json"))
+    release_dir = PurePosixPath("/var/lib/llm-serving/releases") / state["current"]
+    assert on_host(f"test -f {release_dir}/release.json && echo present") == "present"
+    assert json.loads(on_host(f"cat {release_dir}/release.json"))["engine"] == "sglang"
+
+
+def test_a_second_deploy_changes_nothing(sandbox_host):
+    """Idempotence, as Molecule's step checks it: the same deploy again reports no change and leaves the engine
+    process serving."""
+    engine = on_host("systemctl show -p MainPID --value sglang")
+    run = deploy_through_the_runner()
+    assert run.status == "successful", run.stdout[-4000:]
+    assert run.recap(HOST)["changed"] == 0, run.stdout[-4000:]
+    assert on_host("systemctl show -p MainPID --value sglang") == engine, "the second deploy restarted the engine"
+
+
+def test_a_check_mode_deploy_on_the_deployed_host_changes_nothing(sandbox_host):
+    run = deploy_through_the_runner(check=True)
+    assert run.status == "successful", run.stdout[-4000:]
+    assert run.recap(HOST)["changed"] == 0, run.stdout[-4000:]
+    assert "--- before" not in run.stdout
+
+
 def test_teardown_verifies_the_8_simulated_gpus_free(sandbox_host):
     rc, out = sandbox("teardown.yml")
     assert rc == 0, out[-4000:]
@@ -91,6 +194,14 @@ def test_teardown_verifies_the_8_simulated_gpus_free(sandbox_host):
     assert compute_apps() == []
     used = on_host(f"{NVIDIA_SMI} --query-gpu=index,memory.used --format=csv,noheader,nounits")
     assert used.splitlines() == [f"{i}, 0" for i in range(8)]
+
+
+def test_after_teardown_the_unit_is_inactive_disabled_and_nothing_boots(sandbox_host):
+    assert on_host("systemctl is-active sglang || true") == "inactive"
+    assert on_host("systemctl is-enabled sglang || true") == "disabled"
+    assert on_host(f"{HEALTH} 2>/dev/null || echo refused") == "refused"
+    # state.json says stopped: the boot unit starts nothing.
+    assert json.loads(on_host(BOOT_DRY_RUN))["unit"] is None
 
 
 def test_a_foreign_holder_is_refused_by_preflight_and_left_alive_by_teardown(sandbox_host):

@@ -236,9 +236,9 @@ def test_the_parts_choose_their_stages_and_the_setup_they_need():
     assert {spec.part for spec in specs} == {*PARTS, "setup"}
     assert [s.name for s in wanted_specs(specs, ["contract"])] == ["bootstrap", "contract-venvs", "contracts"]
     host = [s.name for s in wanted_specs(specs, ["host"])]
-    assert host == ["bootstrap", "image", "contract-venvs", "host-scenarios"]
-    assert [s.name for s in wanted_specs(specs, ["molecule"], ["default"])] == ["bootstrap", "image",
-                                                                               "molecule-default"]
+    assert host == ["bootstrap", "image", "prepared-image", "contract-venvs", "host-scenarios"]
+    assert [s.name for s in wanted_specs(specs, ["molecule"], ["provision"])] == ["bootstrap", "image",
+                                                                                 "molecule-provision"]
     assert len(wanted_specs(specs, list(PARTS))) == len(specs), "the whole run runs every stage"
     (hosts,) = [spec for spec in specs if spec.part == "host"]
     assert hosts.slots == 5 and specs[-1] is hosts, "the host scenarios run alone in the default budget, last"
