@@ -75,7 +75,12 @@ install_collections() {
         -p "$COLLECTIONS_DIR" >/dev/null 2>&1; then
     echo "Ansible Galaxy not reachable: taking the pinned collections from the ansible $ANSIBLE_BUNDLE_VERSION wheel"
     wheel_dir=$(mktemp -d)
-    pip download -q --no-deps -d "$wheel_dir" "ansible==$ANSIBLE_BUNDLE_VERSION" 2>&1 | grep -v "is ignored" || true
+    # The venv's pip: the wheel requires the controller's Python (>= 3.12), which the `pip` first on PATH may not be.
+    if ! "$VENV_DIR/bin/python" -m pip download -q --no-deps -d "$wheel_dir" "ansible==$ANSIBLE_BUNDLE_VERSION"; then
+      echo "error: cannot download the ansible $ANSIBLE_BUNDLE_VERSION wheel from the package index (see above)" >&2
+      rm -rf "$wheel_dir"
+      return 1
+    fi
     "$VENV_DIR/bin/python" "$REPO_ROOT/scripts/extract_collections.py" \
       "$wheel_dir"/ansible-"$ANSIBLE_BUNDLE_VERSION"-*.whl "$REPO_ROOT/requirements.yml" "$COLLECTIONS_DIR"
     rm -rf "$wheel_dir"

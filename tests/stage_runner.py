@@ -116,12 +116,15 @@ class Counts:
     failed: int = 0
     skipped: int = 0
     xfailed: int = 0
+    # The failed and errored cases, each "<test id>: <the start of its failure message>", in the file's order.
+    failures: list[str] = field(default_factory=list)
 
     def add(self, other: Counts) -> None:
         self.passed += other.passed
         self.failed += other.failed
         self.skipped += other.skipped
         self.xfailed += other.xfailed
+        self.failures += other.failures
 
     @property
     def total(self) -> int:
@@ -133,17 +136,33 @@ class Counts:
         return f"{self.total} tests ({', '.join(parts)})"
 
 
+# How much of a failure's message the closing section shows: enough for its first sentence, so that a log read only
+# from its end (CI keeps the end) still says why each test failed.
+FAILURE_CHARS = 400
+
+
+def failure_line(case: ET.Element, failure: ET.Element) -> str:
+    """A failed case as one line: its test id and the start of its message, whitespace folded."""
+    test = "::".join(part for part in (case.get("classname", ""), case.get("name", "")) if part)
+    message = " ".join((failure.get("message") or failure.text or "").split())
+    if len(message) > FAILURE_CHARS:
+        message = message[:FAILURE_CHARS] + " ..."
+    return f"{test}: {message}" if message else test
+
+
 def junit_counts(path: Path) -> Counts:
     counts = Counts()
     try:
         root = ET.parse(path).getroot()
     except (ET.ParseError, OSError):
         counts.failed += 1  # a JUnit file cut short (a killed stage) counts as a failure, never as nothing
+        counts.failures.append(f"{path.name}: the JUnit file cannot be read (cut short by a killed stage?)")
         return counts
     for case in root.iter("testcase"):
         outcomes = {child.tag: child for child in case}
         if outcomes.keys() & {"failure", "error"}:
             counts.failed += 1
+            counts.failures.append(failure_line(case, outcomes.get("failure", outcomes.get("error"))))
         elif "skipped" in outcomes:
             counts.skipped += 1
             counts.xfailed += outcomes["skipped"].get("type") == "pytest.xfail"
@@ -210,7 +229,10 @@ def closing_lines(outcomes: Sequence[Outcome]) -> list[str]:
     for outcome in outcomes:
         if outcome.counts is not None:
             counts.add(outcome.counts)
-    lines = ["", "### stages (name, started at, took, status; test cases)",
+    failures = [f"  {outcome.name}: {line}" for outcome in outcomes if outcome.counts is not None
+                for line in outcome.counts.failures]
+    lines = ["", "### failed tests (stage: test: the start of its failure)", *failures] if failures else []
+    lines += ["", "### stages (name, started at, took, status; test cases)",
              *(f"  {outcome.row()}" for outcome in outcomes)]
     if counts.xfailed:
         lines.append(f"of the skipped tests, {counts.xfailed} are expected failures "

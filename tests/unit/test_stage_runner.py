@@ -133,6 +133,22 @@ def test_the_closing_line_names_failed_tests_and_counts_every_stages_cases(tmp_p
     assert lines[-1] == ("FAILED: units (2 failed), molecule-default (2 failed); 0 of 2 stages passed; "
                          "12 tests (4 passed, 4 failed, 4 skipped)"), lines[-1]
     assert "of the skipped tests, 2 are expected failures" in lines[-2], lines
+    # A log read from its end (CI keeps only the end) says why each test failed, before the table.
+    failed = lines[lines.index("### failed tests (stage: test: the start of its failure)") + 1:
+                   lines.index("### stages (name, started at, took, status; test cases)") - 1]
+    assert len(failed) == 4 and failed[0].startswith("  units: ") and failed[2].startswith("  molecule-default: "), \
+        failed
+    assert "test_tiny::test_fails: assert 1 == 2" in failed[0], failed
+    assert "test_tiny::test_errors: " in failed[1] and "RuntimeError: a fixture that breaks" in failed[1], failed
+
+
+def test_a_failure_message_is_cut_to_its_start_on_one_line(tmp_path: Path):
+    junit, long_message = tmp_path / "long.xml", "AssertionError: Rolling back ALSO failed&#10;" + "x" * 900
+    junit.write_text('<testsuites><testsuite><testcase classname="tests.integration.test_host" name="test_rollback">'
+                     f'<failure message="{long_message}">trace</failure></testcase></testsuite></testsuites>')
+    [line] = junit_counts(junit).failures
+    assert line.startswith("tests.integration.test_host::test_rollback: AssertionError: Rolling back ALSO failed x")
+    assert line.endswith("x ...") and len(line) < 500 and "\n" not in line, line
 
 
 def test_all_passed_says_so_last(tmp_path: Path):
@@ -148,7 +164,9 @@ def test_a_stage_with_tests_that_wrote_no_junit_did_not_pass(tmp_path: Path):
 def test_a_cut_junit_file_counts_as_a_failure(tmp_path: Path):
     cut = tmp_path / "cut.xml"
     cut.write_text("<testsuites><testsuite><testcase name='a'/>")
-    assert junit_counts(cut).failed == 1
+    counts = junit_counts(cut)
+    assert counts.failed == 1 and counts.failures == ["cut.xml: the JUnit file cannot be read (cut short by a killed "
+                                                      "stage?)"], counts
 
 
 def test_the_budget_holds_stages_back_until_slots_are_free(tmp_path: Path):
