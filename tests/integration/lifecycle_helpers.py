@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,22 @@ def booted_engine_host(name: str, workdir: Path) -> Iterator[EngineHost]:
     engine_host.boot_prepared()
     yield engine_host
     engine_host.destroy()
+
+
+# How a failed deploy's rollback ended (roles/engine_service/tasks/rollback.yml): the play's last message.
+ROLLBACK_VERDICT = re.compile(r"(Rolled back: \S+ is serving again \([^)]*\))|(Rolling back to \S+ ALSO failed at .*?"
+                              r"Nothing serves on this host now\.)|(There is no previous release on this host to roll "
+                              r"back to; \S+ is stopped\.)")
+
+
+def assert_rolled_back(flat: str, release: str) -> None:
+    """The failed deploy's rollback left `release` serving; where it did not, the failure leads with the rollback's own
+    verdict (why it failed too), which a log kept only from its end would otherwise lose in the play's output."""
+    if f"Rolled back: {release} is serving again" in flat:
+        return
+    verdicts = [match.group(0) for match in ROLLBACK_VERDICT.finditer(flat)]
+    raise AssertionError(f"the rollback did not leave {release} serving: "
+                         f"{verdicts[-1] if verdicts else 'the play printed no rollback verdict'} ... {flat[-3000:]}")
 
 
 def deploy(host: EngineHost, runs: list, playbook: str, **extravars):

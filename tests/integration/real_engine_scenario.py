@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from tests.integration.engine_host import REPO, EngineHost
-from tests.integration.lifecycle_helpers import API_KEY, deploy, main_pid
+from tests.integration.lifecycle_helpers import API_KEY, assert_rolled_back, deploy, main_pid
 from tests.playbook_run import run_at_a_terminal
 
 # Lines only the engines' own start-up writes (the light double writes none of them): SGLang 0.5.23
@@ -99,7 +99,7 @@ def failed_gate_rolls_back(host: EngineHost, runs: list, engine: str) -> None:
     assert re.search(r"the smoke answer is wrong: asked '+What is \d{3} \+ \d{3}\? Reply with the number only\.'+, "
                      r"expected \d+; the greedy \(temperature 0\) request got HTTP 200 .* content '+ ?foss foss foss",
                      flat), flat[-3000:]
-    assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
+    assert_rolled_back(flat, before)
     assert host.state()["current"] == before and host.state()["status"] == "serving"
     assert host.health() == 200
     assert main_pid(host, unit(engine)) not in (pid, "0")
@@ -142,7 +142,7 @@ def sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host: EngineHost, r
     assert stuck, flat[-3000:]
     greedy = re.search(r"or in the sampler: the greedy request was answered in ([\d.]+) s", flat)
     assert greedy, flat[-3000:]
-    assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
+    assert_rolled_back(flat, before)
     assert host.state()["current"] == before and host.health() == 200
     print(f"{engine} sampler hang after ready: the sampled request gave up after {stuck.group(1)} s (smoke timeout "
           f"{SAMPLER_HANG_SMOKE_TIMEOUT_S} s; greedy answer {greedy.group(1)} s)")
@@ -287,7 +287,7 @@ def startup_hang_is_stalled_and_rolls_back(host: EngineHost, runs: list, engine:
     name = "io_stat" if failed["progress"]["sources"]["io_stat"]["read"] else "proc_io"
     assert f"{name}: {read['value']} bytes read, last grew " in failed["msg"], (read, failed["msg"])
     flat = " ".join(run.stdout.split())
-    assert f"Rolled back: {before} is serving again" in flat, flat[-3000:]
+    assert_rolled_back(flat, before)
     assert host.state()["current"] == before and host.state()["status"] == "serving"
     assert host.health() == 200 and main_pid(host, unit(engine)) not in (pid, "0")
     print(f"{engine} start-up hang: stalled {failed['silent_s']:.1f} s after its last progress "

@@ -16,6 +16,7 @@ from tests.integration.lifecycle_helpers import (
     CONTAINER_MARKS,
     GPU_DOUBLE,
     assert_api_key_nowhere,
+    assert_rolled_back,
     booted_engine_host,
     deploy,
     install_gpu_double,
@@ -135,7 +136,7 @@ def test_a_deploy_whose_verify_gate_fails_rolls_back_and_the_previous_release_se
     assert run.status == "failed"
     flat = " ".join(run.stdout.split())
     assert re.search(r"speed-up \d+\.\d\dx at concurrency 1 is below the 1\.00x minimum", flat), flat[-3000:]
-    assert f"Rolled back: {before} is serving again" in flat
+    assert_rolled_back(flat, before)
     assert host.state()["current"] == before and host.health() == 200
     assert list((tmp_path / "reports").rglob("report.md")), "the failing gate still wrote its report"
 
@@ -156,6 +157,32 @@ def test_after_a_rollback_the_state_names_current_and_previous_as_before(host, r
         "current": before["current"], "previous": before["previous"], "status": "serving"}
     assert after["failed"].startswith("sglang-") and after["failed"] != before["current"]
     assert host.unit("sglang.service")["ActiveState"] == "active" and host.health() == 200
+
+
+def test_a_rollback_that_fails_too_names_both_failures_and_both_journals_and_the_state_says_switching(host, runs):
+    """The release before no longer starts (here its kept unit is made to crash, as a host change would: a deleted
+    model, a driver update): the deploy's rollback fails too. The play's last message names both failures and ends
+    with both releases' journals, where the reasons are; state.json does not claim anything serves.
+    Leaves: nothing serving, state.json switching to the failed release."""
+    before = host.state()
+    kept_unit = f"/var/lib/llm-serving/releases/{before['current']}/sglang.service"
+    host.sh(f"sed -i '/^\\[Service\\]$/a Environment=ENGINE_DOUBLE_FAULT=crash-at-start' {kept_unit}")
+    run = deploy(host, runs, "deploy_sglang.yml", sglang_extra_environment={"ENGINE_DOUBLE_FAULT": "crash-at-start"})
+    assert run.status == "failed", run.stdout[-3000:]
+    final = run.stdout[run.stdout.rindex("Rolling back to"):]
+    flat = " ".join(final.split())
+    assert flat.startswith(f"Rolling back to {before['current']} ALSO failed at Rollback | wait for the previous "
+                           "release with its own timeout: "), flat[:3000]
+    assert "Nothing serves on this host now." in flat, flat[:3000]
+    failed_journal = final.index("The journal of the failed release ended with:")
+    previous_journal = final.index(f"The journal of {before['current']}, which did not come up again, ended with:")
+    assert failed_journal < previous_journal, final[:3000]
+    # Each journal holds its own release's reason.
+    assert "engine-double: simulated crash during model load" in final[failed_journal:previous_journal], final[:3000]
+    assert "engine-double: simulated crash during model load" in final[previous_journal:], final[:3000]
+    after = host.state()
+    assert after["status"] == "switching" and after["current"] not in (before["current"], before["previous"]), after
+    assert host.health() is None and host.unit("sglang.service")["ActiveState"] != "active"
 
 
 def test_the_api_key_is_in_no_argv_unit_journal_or_runner_artifact_of_the_failed_deploys(host, runs):

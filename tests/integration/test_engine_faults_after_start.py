@@ -17,6 +17,7 @@ from tests.integration.lifecycle_helpers import (
     CONTAINER_MARKS,
     assert_api_key_nowhere,
     assert_boots,
+    assert_rolled_back,
     booted_engine_host,
     deploy,
     interrupted_deploy,
@@ -62,7 +63,7 @@ def test_deadlock_on_generate_with_default_timeouts_is_declared_a_stall_and_roll
     assert run.status == "failed"
     assert host.health() == 200 and host.state()["current"] == before
     flat = " ".join(run.stdout.split())
-    assert f"Rolled back: {before} is serving again" in flat
+    assert_rolled_back(flat, before)
     stall = re.search(r"stalled: sglang\.service wrote no journal line and was not ready for (\d+\.\d) s "
                       r"\(stall timeout (\d+) s; last answer: ", flat)
     assert stall, flat[-3000:]
@@ -175,7 +176,7 @@ def test_a_sampler_that_hangs_after_its_build_fails_the_gate_on_the_smoke_timeou
     failed = re.search(r"timed out \(5 s after the last compiler progress\), after (\d+\.\d+) s\)", flat)
     compiled = re.search(r"It compiled kernels for (\d+\.\d+) s during the request", flat)
     assert failed and compiled, flat[-4000:]
-    assert f"Rolled back: {before} is serving again" in flat
+    assert_rolled_back(flat, before)
     assert host.state()["current"] == before and host.health() == 200
     print(f"sampler hang after an 8 s build: failed after {failed.group(1)} s; it compiled {compiled.group(1)} s")
 
@@ -197,7 +198,7 @@ def test_a_build_that_stops_working_at_start_is_a_stall_and_rolls_back(host, run
     assert int(stall.group(2)) == STALL_S, stall.group(0)
     assert re.search(r"compilers: \d+(\.\d+)? CPU seconds, last worked \d+\.\d s ago \(0 working now\)", flat), \
         flat[-4000:]
-    assert f"Rolled back: {before} is serving again" in flat
+    assert_rolled_back(flat, before)
     assert host.state()["current"] == before and host.health() == 200
     failed_start = started_at(host, since)[-2]
     print(f"start-up build wedged after 2 s: stalled {stall.group(1)} s after the last progress; the failed release "

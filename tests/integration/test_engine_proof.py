@@ -18,6 +18,7 @@ from tests.integration.lifecycle_helpers import (
     API_KEY,
     CONTAINER_MARKS,
     assert_api_key_nowhere,
+    assert_rolled_back,
     booted_engine_host,
     deploy,
     install_gpu_double,
@@ -177,7 +178,7 @@ def test_interconnect_proof_runs_as_the_unit_in_the_switch_window_once_and_a_fai
     assert "rank(s) 0 did not finish within 5 s [rank 0: all_reduce 1 MiB (killed)]" in flat
     assert "ranks that did not finish: 0" in flat and "IOMMU mode: " in flat
     assert "Fix: docs/provisioning.md, section 'Interconnect: IOMMU and ACS'" in flat
-    assert f"Rolled back: {proven_release} is serving again" in flat
+    assert_rolled_back(flat, proven_release)
     assert len(proof_runs(host)) == 2 and len(host.sh("ls /var/lib/llm-serving/interconnect/").split()) == 1
     assert host.state()["current"] == proven_release and host.health() == 200
 

@@ -137,20 +137,16 @@ def sandbox_fingerprint(name: str, since: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def users_sandbox():
-    """The user's bws-sandbox as it is, or its absence: none is booted to stand for it (the test command boots one
-    sandbox, the README's). Where there is none, a command aimed at it would boot it: its fingerprint stays empty."""
-    return USERS_SANDBOX
-
-
 @pytest.mark.container
 def test_the_quick_start_and_sandbox_commands_work_as_written_in_a_scratch_home(
-    tmp_path: Path, record_property, users_sandbox: str
+    tmp_path: Path, record_property
 ):
     assert not container_exists(SANDBOX), f"a container {SANDBOX} is left from an earlier run: podman rm -f {SANDBOX}"
     since = str(int(time.time()))
-    before = sandbox_fingerprint(users_sandbox, since)
+    # The user's bws-sandbox as it is, or its absence: none is booted to stand for it (this test boots only the
+    # README's, under its own name). Where there is none, a command aimed at it would boot it: its fingerprint stays
+    # empty.
+    before = sandbox_fingerprint(USERS_SANDBOX, since)
     commands = block_commands(quick_start())
     to_run = [c for c in commands if skip_reason(c) is None]
     skipped = {c: skip_reason(c) for c in commands + prose_commands(quick_start()) if skip_reason(c)}
@@ -204,7 +200,7 @@ def test_the_quick_start_and_sandbox_commands_work_as_written_in_a_scratch_home(
     assert re.search(r"^bws-sandbox\s*: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", output, re.M)
     assert f"sandbox {SANDBOX} removed" in output and not container_exists(SANDBOX)
     # The user's sandbox is exactly as it was: same container and boot, same release serving, same engine process.
-    assert sandbox_fingerprint(users_sandbox, since) == before
+    assert sandbox_fingerprint(USERS_SANDBOX, since) == before
     # Everything the commands installed went under the scratch HOME, nothing into the machine's.
     assert (home / ".cache" / "blackwell-serving" / "venv" / "bin" / "ansible-playbook").is_file()
     assert (home / ".cache" / "blackwell-serving" / "collections").is_dir()
