@@ -5,7 +5,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SUITE=${BWS_IMAGE_SUITE:-bookworm}
-PACKAGES=systemd,systemd-sysv,dbus,python3,python3-apt,python3-debian,sudo,iproute2,procps,psmisc,ca-certificates,gnupg,rsync
+PACKAGES=systemd,systemd-sysv,dbus,python3,python3-apt,python3-debian,sudo,iproute2,procps,psmisc,ca-certificates,gnupg,rsync,libnuma1
 LABEL="bws.packages=$(printf '%s' "$PACKAGES" | sha256sum | cut -c1-16)"
 
 # The Debian mirror this machine already uses, unless BWS_DEBIAN_MIRROR names another.

@@ -23,13 +23,21 @@ def contains_number(text: str, number: int) -> bool:
     return re.search(rf"(^|[^0-9]){number}([^0-9]|$)", text.replace(",", "")) is not None
 
 
-def smoke_answer(reply: dict[str, Any], expected: Any, reasoning_field: str) -> dict[str, Any]:
+# What the smoke asks of a reply (verify_smoke_check): "sum", the expected number in it; "generates", only tokens
+# (a checkpoint that cannot follow the instruction: a base model, the tests' random-weights model).
+CHECKS = ("sum", "generates")
+
+
+def smoke_answer(reply: dict[str, Any], expected: Any, reasoning_field: str, check: str = "sum") -> dict[str, Any]:
     """The parts of one chat-completion reply (engine_requests' form) that the smoke checks and reports.
 
     `reasoning_field` is the engine's (the roster's `reasoning_field`). `found` is "content", the reasoning field's
-    name, or "" when the expected number is in neither; `answered` is
-    true when the reply is HTTP 200 with the number found and at least one completion token.
+    name, or "" when the expected number is in neither; `answered` is true when the reply is HTTP 200 with at least
+    one completion token and, with `check` "sum" (the default), the number found; with "generates" the text is not
+    read for the number.
     """
+    if check not in CHECKS:
+        raise ValueError(f"smoke_answer: check must be one of {', '.join(CHECKS)}, not {check!r}")
     reply = _mapping(reply)
     body = _mapping(reply.get("json"))
     choices = body.get("choices")
@@ -45,7 +53,9 @@ def smoke_answer(reply: dict[str, Any], expected: Any, reasoning_field: str) -> 
     completion_tokens = usage.get("completion_tokens")
     completion_tokens = completion_tokens if isinstance(completion_tokens, int) else None
     return {
-        "answered": reply.get("status") == 200 and bool(found) and (completion_tokens or 0) > 0,
+        "answered": (reply.get("status") == 200 and (bool(found) or check == "generates")
+                     and (completion_tokens or 0) > 0),
+        "check": check,
         "status": reply.get("status", -1),
         "msg": _text(reply.get("msg")),
         "timed_out": reply.get("status", -1) == -1 and "timed out" in _text(reply.get("msg")),

@@ -298,11 +298,19 @@ def fmt(value: object, spec: str = ".1f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}" if isinstance(value, int | float) else str(value)
 
 
-def sampled_smoke_line(sampled: object) -> str:
+def answer_words(field: object, check: object) -> str:
+    """Where a smoke reply's answer came, or, with verify_smoke_check generates, that it was not checked."""
+    if check == "generates":
+        return ("generated, the answer not checked (verify_smoke_check: generates; the sum "
+                + (f"came in `{field}`)" if field else "is in neither field)"))
+    return f"the answer came in `{field}`"
+
+
+def sampled_smoke_line(sampled: object, check: object = "sum") -> str:
     """The sampled smoke request's line of the report: what it asked with and where its answer came."""
     if not isinstance(sampled, dict):
         return str(sampled or "not recorded")
-    return (f"{sampled.get('request')}: the answer came in `{sampled.get('answer_field')}`, "
+    return (f"{sampled.get('request')}: {answer_words(sampled.get('answer_field'), check)}, "
             f"{sampled.get('completion_tokens')} tokens, finish_reason `{sampled.get('finish_reason')}`")
 
 
@@ -369,12 +377,14 @@ def markdown(report: dict) -> str:
             lines.append(f"- Concurrency {row['concurrency']}: acceptance not measured: {accept['problem']}.")
     smoke = report.get("smoke") or {}
     if smoke:
-        lines += ["", "## Smoke", "", f"- Asked `{smoke.get('question')}`: the answer {smoke.get('expected')} came in "
-                  f"`{smoke.get('answer_field')}` ({smoke.get('reasoning_chars')} characters of "
-                  f"`{smoke.get('reasoning_field')}`)",
+        check = smoke.get("check", "sum")
+        answer = (f"the answer {smoke.get('expected')} came in `{smoke.get('answer_field')}`" if check == "sum"
+                  else answer_words(smoke.get("answer_field"), check))
+        lines += ["", "## Smoke", "", f"- Asked `{smoke.get('question')}`: {answer} ({smoke.get('reasoning_chars')} "
+                  f"characters of `{smoke.get('reasoning_field')}`)",
                   f"- Chat completion: {smoke.get('completion_tokens')} tokens, finish_reason "
                   f"`{smoke.get('finish_reason')}`; first characters: `{smoke.get('preview')}`",
-                  f"- Sampled: {sampled_smoke_line(smoke.get('sampled'))}",
+                  f"- Sampled: {sampled_smoke_line(smoke.get('sampled'), check)}",
                   f"- Request without the API key: {smoke.get('unauthenticated')}"]
     return "\n".join(lines) + "\n"
 

@@ -26,6 +26,9 @@ import vllm_helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripted_engine"))
 import engine_venv  # the test-engine venvs of the real front ends, layered on the pinned contract venvs
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "real_core"))
+import real_core_venv  # the REAL-CORE TEST ENGINE (vLLM 0.32.0 CPU build), on the torch base venv
+
 Builder = tuple[str, Callable[[], tuple[Path | None, str]]]
 
 
@@ -39,7 +42,8 @@ def lanes() -> list[list[Builder]]:
          ("sglang ServerArgs resolution packages", sglang_resolve._build),
          ("sglang pre-build's FlashInfer", sglang_resolve._build_prebuild),
          ("sglang test engine", lambda: build_test_engine("sglang"))],
-        [*vllm[:1], ("vllm test engine", lambda: build_test_engine("vllm"))],
+        [*vllm[:1], ("vllm test engine", lambda: build_test_engine("vllm")),
+         (f"real-core test engine ({real_core_venv.LABEL})", build_real_core)],
         vllm[1:],  # the version's own venv; the script waits for the base venv the pinned lane builds
     ]
 
@@ -47,6 +51,13 @@ def lanes() -> list[list[Builder]]:
 def build_test_engine(engine: str) -> tuple[Path | None, str]:
     try:
         return engine_venv.build(engine), ""
+    except SystemExit as failed:
+        return None, str(failed)
+
+
+def build_real_core() -> tuple[Path | None, str]:
+    try:
+        return real_core_venv.build(), ""
     except SystemExit as failed:
         return None, str(failed)
 

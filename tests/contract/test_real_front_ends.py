@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -859,3 +860,24 @@ def test_sglang_drains_on_sigterm_and_its_abort_ends_the_drain_as_the_double_doe
     assert real == {"in flight after SIGTERM": True, "health while draining": 503, "abort": 200,
                     "stream ended by": ["abort"], "exited after the abort": True}, real
     assert mirrored == real
+
+
+@pytest.fixture(scope="module")
+def sglang_two_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFrontEnd]:
+    yield from _started("sglang", tmp_path_factory.mktemp("sglang-two"), options={"max-running-requests": 2})
+
+
+def test_sglang_reports_the_configured_max_running_requests(sglang_two_running: RealFrontEnd) -> None:
+    """/server_info's internal state is the scheduler's max_running_requests as configured
+    (srt/managers/scheduler_components/internal_state.py effective_max_running_requests_per_dp), not a constant; and
+    four requests at once all finish while two run at a time (the rest wait in the queue, srt/managers/
+    schedule_policy.py PrefillAdder)."""
+    status, body = sglang_two_running.request("/server_info")
+    assert status == 200, body[:500]
+    states = json.loads(body)["internal_states"]
+    assert [state["effective_max_running_requests_per_dp"] for state in states] == [2], states
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda n: _post(sglang_two_running.base_url, "/v1/chat/completions", _chat_body(
+            sglang_two_running.served_name, f"What is {n} + 1? Reply with the number only.", False),
+            API_KEY), range(4)))
+    assert [status for status, _ in replies] == [200] * 4, replies

@@ -51,8 +51,9 @@ class EngineHost:
 
     def __init__(self, name: str, workdir: Path, fleet: list[str] | None = None,
                  groups: dict[str, list[str]] | None = None, volumes: list[str] | None = None, *,
-                 caps: list[str] | None = None) -> None:
+                 caps: list[str] | None = None, shm_size: str = "") -> None:
         self.name = name
+        self.shm_size = shm_size  # the hosts' /dev/shm (boot-test-host.sh --shm-size); "" = podman's 64m
         self.volumes = volumes or []  # podman bind mounts, SRC:DEST[:OPTIONS]
         self.caps = caps or []  # capabilities besides SYS_ADMIN (scripts/boot-test-host.sh --cap-add)
         self.fleet = fleet or [name]
@@ -62,15 +63,17 @@ class EngineHost:
 
     def on(self, name: str) -> EngineHost:
         """The same inventory, looking at another container of the fleet."""
-        other = EngineHost(name, self.workdir, self.fleet, self.groups, self.volumes, caps=self.caps)
+        other = EngineHost(name, self.workdir, self.fleet, self.groups, self.volumes, caps=self.caps,
+                           shm_size=self.shm_size)
         return other
 
     def boot(self, image: str = IMAGE) -> None:
         """scripts/boot-test-host.sh: the project's one way to boot a test host."""
         mounts = [argument for volume in self.volumes for argument in ("--volume", volume)]
         caps = [argument for cap in self.caps for argument in ("--cap-add", cap)]
+        shm = ["--shm-size", self.shm_size] if self.shm_size else []
         booted = subprocess.run(["bash", str(REPO / "scripts" / "boot-test-host.sh"), "--label", "owner=bws-test",
-                                 "--image", image, *mounts, *caps, *self.fleet],
+                                 "--image", image, *mounts, *caps, *shm, *self.fleet],
                                 capture_output=True, text=True, check=False)
         if booted.returncode != 0:
             raise RuntimeError(f"{self.fleet} did not boot: {booted.stderr.strip()}")

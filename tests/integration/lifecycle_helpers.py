@@ -70,6 +70,12 @@ ROLLBACK_VERDICT = re.compile(r"(Rolled back: \S+ is serving again \([^)]*\))|(R
                               r"back to; \S+ is stopped\.)")
 
 
+def play_failure(stdout: str, chars: int = 4000) -> str:
+    """A failed play's output for an assertion message: from its first failed task on (ansible's `fatal:` or
+    `failed:` line), else its end; a play's closing task-time table would otherwise push the failure out of a tail."""
+    found = re.search(r"^(fatal|failed): \[", stdout, flags=re.MULTILINE)
+    return stdout[found.start():found.start() + chars] if found else stdout[-chars:]
+
 def assert_rolled_back(flat: str, release: str) -> None:
     """The failed deploy's rollback left `release` serving; where it did not, the failure leads with the rollback's own
     verdict (why it failed too), which a log kept only from its end would otherwise lose in the play's output."""

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.engine_host import REPO, EngineHost
-from tests.integration.lifecycle_helpers import inventory_vars
+from tests.integration.lifecycle_helpers import SMALL_VERIFY, inventory_vars
 
 sys.path.insert(0, str(REPO / "tests" / "scripted_engine"))
 import engine_venv
@@ -59,7 +60,45 @@ def booted_real_engine_host(engine: str, name: str, workdir: Path, caps: list[st
     host.boot_prepared()
     try:
         prepared = host.run_playbook("tests/sandbox/prepare_real_engine.yml",
-                                     extravars={"real_engine": engine, "real_engine_venv_name": venv.name})
+                                     extravars={"real_engine": engine, "real_engine_core": "scripted",
+                                                "real_engine_venv_name": venv.name})
+        assert prepared.status == "successful", prepared.stdout[-3000:]
+        yield host
+    finally:
+        host.destroy()
+
+
+sys.path.insert(0, str(REPO / "tests" / "real_core"))
+import real_core_venv  # noqa: E402  (tests/real_core/real_core_venv.py)
+
+# The REAL-CORE TEST ENGINE loads a real model on the CPU: its start (imports, the model, its KV cache, the drafter)
+# writes journal lines throughout; 300 s bound both the readiness and the stall beside the other scenario hosts.
+# The variables the sandbox's opt-in gives too (tests/real_core/deploy-vars.yml), with the lock's path resolved here
+# (the copied inventory is elsewhere).
+REAL_CORE_VARS = {**yaml.safe_load((REPO / "tests" / "real_core" / "deploy-vars.yml").read_text()),
+                  "vllm_lock_file": str(real_core_venv.LOCK)}
+
+
+def booted_real_core_host(name: str, workdir: Path, caps: list[str] | None = None, **more_vars) -> Iterator[EngineHost]:
+    """A sandbox-image host whose /opt/vllm/venv is the REAL-CORE TEST ENGINE, vLLM 0.32.0 CPU build, with the
+    REAL-CORE TEST MODEL in /srv/models/real-core (a module fixture's body)."""
+    try:
+        venv = real_core_venv.build()
+    except SystemExit as failed:
+        if os.environ.get("CI"):
+            pytest.fail(f"the {real_core_venv.LABEL} venv cannot be built: {failed}")
+        pytest.skip(f"the {real_core_venv.LABEL} venv cannot be built: {failed}")
+    cache = venv.parents[1]
+    host = EngineHost(name, workdir, volumes=[f"{cache / 'real-core'}:{MOUNT}/real-core:ro",
+                                              f"{cache / 'contract'}:{MOUNT}/contract:ro"], caps=caps,
+                      shm_size="512m")  # vLLM's shared-memory message queue takes 160 MiB of /dev/shm
+    # (the scenarios' smaller benchmark, SMALL_VERIFY, over the sandbox's)
+    host.write_inventory(inventory_vars(host, **{**REAL_CORE_VARS, **SMALL_VERIFY, **more_vars}))
+    host.boot_prepared()
+    try:
+        prepared = host.run_playbook("tests/sandbox/prepare_real_engine.yml",
+                                     extravars={"real_engine": "vllm", "real_engine_core": "real",
+                                                "real_engine_venv_name": venv.name})
         assert prepared.status == "successful", prepared.stdout[-3000:]
         yield host
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from tests.integration.engine_host import REPO, EngineHost
-from tests.integration.lifecycle_helpers import API_KEY, assert_rolled_back, deploy, main_pid
+from tests.integration.lifecycle_helpers import API_KEY, assert_rolled_back, deploy, main_pid, play_failure
 from tests.playbook_run import run_at_a_terminal
 
 # Lines only the engines' own start-up writes (the light double writes none of them): SGLang 0.5.23
@@ -60,7 +60,7 @@ def verify_passes_with_the_real_parsers(host: EngineHost, runs: list, engine: st
         capture_output=True, text=True, check=False, cwd=REPO, env={**os.environ, **CI_ENVIRONMENT}, timeout=900,
     )
     secrets_file.unlink()
-    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.returncode == 0, play_failure(result.stdout)
     recorded_env = json.loads((host.workdir / "ci" / "verify" / "command").read_text())["env"]
     assert "GITHUB_TOKEN" not in recorded_env and recorded_env["HF_TOKEN"] == "********", recorded_env.keys()
     reports = sorted((host.workdir / "ci" / "verify" / "reports" / host.name).glob("*/report.json"))

@@ -134,19 +134,24 @@ def build(engine: str) -> Path:
     contract = contract_venv(engine, lock["version"])
     contract_stamp = next(contract.glob(".bws-contract-ok"), None)
     recipe = recipe_id(lock, contract_stamp.read_text() if contract_stamp else "")
-    root = cache_dir() / "test-engine"
-    root.mkdir(parents=True, exist_ok=True)
-    venv = root / f"{engine}-{lock['version']}"
-    with open(root / f".lock-{engine}-{lock['version']}", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # one builder at a time; the others wait, then find it built
-        stamp = venv / STAMP
+    return built_once(cache_dir() / "test-engine" / f"{engine}-{lock['version']}", STAMP, recipe,
+                      lambda venv: _install(lock, contract, venv))
+
+
+def built_once(venv: Path, stamp_name: str, recipe: str, install) -> Path:
+    """`venv`, built by `install(venv)` unless its stamp says this recipe: one builder at a time per venv (the others
+    wait, then find it built), and never a half-built venv that looks usable."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".lock-{venv.name}", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        stamp = venv / stamp_name
         if stamp.is_file() and stamp.read_text() == f"recipe={recipe}\n" and (venv / "bin" / "python").exists():
             return venv
         shutil.rmtree(venv, ignore_errors=True)
         try:
-            _install(lock, contract, venv)
+            install(venv)
         except BaseException:
-            shutil.rmtree(venv, ignore_errors=True)  # never a half-built venv that looks usable
+            shutil.rmtree(venv, ignore_errors=True)
             raise
         stamp.write_text(f"recipe={recipe}\n")
     return venv

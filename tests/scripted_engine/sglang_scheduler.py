@@ -66,6 +66,8 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from script import Script
 
+# What stands for SGLang's max_running_requests derived from its memory pool when the flag is not set.
+DERIVED_MAX_RUNNING_REQUESTS = 256
 logger = logging.getLogger("sglang.scripted_scheduler")
 
 # srt/managers/schedule_batch.py INIT_INCREMENTAL_DETOKENIZATION_OFFSET
@@ -137,6 +139,12 @@ class ScriptedScheduler:
         self.context_len = self._context_len()
         self.max_total_num_tokens = int(os.environ.get("SCRIPTED_ENGINE_KV_TOKENS", "200000"))
         # srt/managers/tp_worker.py: max_req_len = min(context_len - 1, kv - 1); max_req_input_len = max_req_len - 5
+        # The running batch's bound: --max-running-requests as configured (srt/managers/scheduler.py
+        # self.max_running_requests, reported as effective_max_running_requests_per_dp by
+        # scheduler_components/internal_state.py); without it SGLang derives one from its memory pool
+        # (model_executor/pool_configurator.py), which a scripted core has not: 256 stands for that.
+        configured = getattr(server_args, "max_running_requests", None)
+        self.max_running_requests = int(configured) if configured else DERIVED_MAX_RUNNING_REQUESTS
         self.max_req_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5
 
@@ -307,7 +315,7 @@ class ScriptedScheduler:
         except Exception as e:
             state = {"error": f"resolved_server_args_dict failed: {e}"}
         state["startup_time"] = self.startup_time
-        state["effective_max_running_requests_per_dp"] = 256
+        state["effective_max_running_requests_per_dp"] = self.max_running_requests
         state["last_gen_throughput"] = self._last_throughput
         state["memory_usage"] = {"weight": 0.0, "kvcache": 0.0, "token_capacity": self.max_total_num_tokens,
                                  "graph": 0.0}
@@ -380,10 +388,13 @@ class ScriptedScheduler:
         self.waiting.append(r)
 
     def _admit(self):
-        """Prefill: every waiting request joins the running batch (one step, like a prefill forward)."""
-        if not self.waiting:
+        """Prefill: waiting requests join the running batch (one step, like a prefill forward), up to
+        max_running_requests running; the others stay queued, in order (srt/managers/schedule_policy.py PrefillAdder,
+        bounded by the scheduler's max_running_requests)."""
+        room = self.max_running_requests - len(self.running)
+        if not self.waiting or room <= 0:
             return
-        admitted, self.waiting = self.waiting, []
+        admitted, self.waiting = self.waiting[:room], self.waiting[room:]
         for r in admitted:
             # SGLang's sampler is skipped when every request is greedy: TokenizerManager normalises temperature 0 to
             # top_k 1 (srt/sampling/sampling_params.py normalize), is_all_greedy = top_k <= 1

@@ -16,12 +16,15 @@ but, instead of ZMQ sockets to a forked EngineCoreProc with a scheduler and GPU 
 `Scheduler.update_from_output` / `make_stats`) with the tokens `script.py` decides.
 
 Imitated upstream behaviour (vLLM 0.33.0 file: what):
-- v1/engine/core_client.py `MPClient.__init__` + `_apply_ready_response`: wait for the engine's ready message
-  (timing out after VLLM_ENGINE_READY_TIMEOUT_S) and sync num_gpu_blocks / block_size / max_model_len back
-  into the front end's VllmConfig. The upstream `_apply_ready_response` itself is called on an
+- v1/engine/utils.py `wait_for_engine_startup`: the front end waits for the core's READY with no bound of its own
+  (a poll loop of STARTUP_POLL_PERIOD_MS that ends only on READY or when a core process exits): a core that
+  hangs while it loads keeps the server silent for ever, which only a stall bound outside it (the deploy's) ends;
+  one that dies before ready -> RuntimeError("Engine core initialization failed. See root cause above. Failed
+  core proc(s): {...}"). VLLM_ENGINE_READY_TIMEOUT_S bounds only the input-socket poll of
+  v1/engine/core_client.py `MPClient.__init__`, after every core has sent READY: it never bounds a load.
+- v1/engine/core_client.py `MPClient.__init__` + `_apply_ready_response`: sync num_gpu_blocks / block_size /
+  max_model_len back into the front end's VllmConfig. The upstream `_apply_ready_response` itself is called on an
   `EngineCoreReadyResponse` we build.
-- v1/engine/utils.py `wait_for_engine_startup`: a core that dies before ready ->
-  RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {...}").
 - v1/core/sched/utils.py `check_stop`: EOS (sampling_params.eos_token_id), stop_token_ids (stop_reason = the
   token), max_tokens / max_model_len -> LENGTH, min_tokens.
 - v1/core/sched/scheduler.py: EngineCoreEvent QUEUED at add, SCHEDULED at first schedule; `PrefillStats` on
@@ -48,7 +51,6 @@ from types import SimpleNamespace
 import msgspec
 import numpy as np
 import torch
-from vllm import envs
 from vllm.v1.engine import (
     EngineCoreEvent,
     EngineCoreEventType,
@@ -142,13 +144,7 @@ class ScriptedEngineCoreClient(EngineCoreClient):
 
         starter = threading.Thread(target=start, name="EngineCore_DP0-start", daemon=True)
         starter.start()
-        starter.join(timeout=envs.VLLM_ENGINE_READY_TIMEOUT_S)
-        if starter.is_alive():
-            raise TimeoutError(
-                "Timed out waiting for engine core processes to start. This is often caused by slow weight "
-                f"loading for large models. Waited {envs.VLLM_ENGINE_READY_TIMEOUT_S}s (configured by "
-                "VLLM_ENGINE_READY_TIMEOUT_S). To increase the timeout, set the environment variable: "
-                "VLLM_ENGINE_READY_TIMEOUT_S=<seconds>")
+        starter.join()  # wait_for_engine_startup: no bound of its own
         if failure:
             code = failure[0].code if isinstance(failure[0], SystemExit) else 1
             raise RuntimeError("Engine core initialization failed. See root cause above. "

@@ -110,6 +110,21 @@ def test_the_report_says_where_both_smoke_answers_came():
     assert "- Sampled: not tested: verify_smoke_sampling is {}" in report_mod.markdown(report)
 
 
+
+def test_a_smoke_whose_answer_was_not_checked_says_so_on_both_lines():
+    """verify_smoke_check: generates (a checkpoint that cannot follow the instruction): never "the answer came"."""
+    smoke = {"question": "What is 1 + 2?", "expected": "3", "answer_field": "", "check": "generates",
+             "completion_tokens": "4", "finish_reason": "length", "preview": "it;asks", "reasoning_field": "reasoning",
+             "reasoning_chars": "0", "unauthenticated": "refused with HTTP 401",
+             "sampled": {"request": "sampled (temperature 0.6, top_p 0.95)", "answer_field": "",
+                         "completion_tokens": 9, "finish_reason": "length", "preview": ""}}
+    text = report_mod.markdown(report_mod.build_report(inputs(smoke=smoke))[0])
+    assert ("- Asked `What is 1 + 2?`: generated, the answer not checked (verify_smoke_check: generates; the sum is in "
+            "neither field)") in text
+    assert ("- Sampled: sampled (temperature 0.6, top_p 0.95): generated, the answer not checked (verify_smoke_check: "
+            "generates; the sum is in neither field), 9 tokens") in text
+    assert "the answer 3 came" not in text and "the answer came" not in text
+
 def test_no_baseline_fails_the_gate_unless_allowed():
     report, _ = report_mod.build_report(inputs(baseline=None))
     assert not report["gate"]["passed"]

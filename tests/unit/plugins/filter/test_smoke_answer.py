@@ -55,3 +55,29 @@ def test_a_request_never_sent_is_neither_answered_nor_timed_out() -> None:
     """The sampled request is not sent when the greedy one failed first (engine_requests stops the sequence)."""
     absent = smoke_answer.smoke_answer({}, 579, "reasoning_content")
     assert absent["answered"] is False and absent["timed_out"] is False and absent["status"] == -1
+
+
+def test_with_the_generates_check_any_generated_reply_answers_and_the_number_is_still_looked_for() -> None:
+    """verify_smoke_check: generates (a checkpoint that cannot follow the instruction): HTTP 200 with tokens is an
+    answer; where the number is is still reported, and nothing else about the reply changes."""
+    noise = smoke_answer.smoke_answer(reply({"content": "it;asks isAnswer"}), 579, "reasoning", check="generates")
+    assert noise["answered"] is True and noise["found"] == "" and noise["check"] == "generates"
+    right = smoke_answer.smoke_answer(reply({"content": "579"}), 579, "reasoning", check="generates")
+    assert right["found"] == "content"
+    assert smoke_answer.smoke_answer(reply({"content": "x"}), 579, "reasoning")["check"] == "sum"
+
+
+def test_with_the_generates_check_an_error_a_timeout_or_no_tokens_is_still_no_answer() -> None:
+    for answer in (smoke_answer.smoke_answer(reply({"content": "x"}, completion_tokens=0), 1, "r", check="generates"),
+                   smoke_answer.smoke_answer({"status": 500, "msg": "HTTP Error 500"}, 1, "r", check="generates"),
+                   smoke_answer.smoke_answer({"status": -1, "msg": "timed out"}, 1, "r", check="generates")):
+        assert answer["answered"] is False, answer
+
+
+def test_an_unknown_check_is_refused_by_name() -> None:
+    try:
+        smoke_answer.smoke_answer(reply({"content": "579"}), 579, "reasoning", check="summ")
+    except ValueError as refused:
+        assert "sum, generates" in str(refused) and "'summ'" in str(refused)
+    else:
+        raise AssertionError("an unknown check was accepted")
