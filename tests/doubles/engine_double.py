@@ -322,7 +322,10 @@ class Engine:
                 "# TYPE sglang:num_running_reqs gauge",
                 f'sglang:num_running_reqs{{{labels},tp_rank="0"}} 0.0',
             ]
-            if self.spec_steps:
+            # SGLang 0.5.23's speculative series are labelled prometheus metrics (srt/observability/
+            # metrics_collector.py SchedulerMetricsCollector): a labelled metric has no sample until its first
+            # observation, the first speculative verify step; vLLM's are bound to their labels at start (0.0).
+            if self.spec_steps and c["verify_calls"]:
                 rate = c["accepted_tokens"] / c["draft_tokens"] if c["draft_tokens"] else 0.0
                 lines += [
                     "# TYPE sglang:spec_verify_calls_total counter",

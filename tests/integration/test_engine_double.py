@@ -166,3 +166,22 @@ def test_sglang_drains_on_sigterm_without_a_limit_until_abort_request_ends_what_
     finishes = [json.loads(line[6:])["choices"][0]["finish_reason"] for line in lines if line.startswith("data: {")]
     assert finishes[-1] == "abort" and lines[-1].strip() == "data: [DONE]"
     assert "Gracefully exiting... Remaining number of requests 1" in double.log.read_text()
+
+
+def metric_names(double: EngineDouble) -> set[str]:
+    with urllib.request.urlopen(f"{double.base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_sglang_speculative_series_appear_with_the_first_verify_step_and_vllms_at_start(doubles):
+    """SGLang's speculative metrics are labelled series with no sample before their first observation; vLLM binds
+    its spec-decode counters at start (0.0), as its real core showed (docs/tests.md, the real-core engine)."""
+    sglang = doubles("spec-sglang", "sglang", speculative=True)
+    vllm = doubles("spec-vllm", "vllm", speculative=True)
+    for double in (sglang, vllm):
+        wait_loaded(double)
+    assert "sglang:spec_verify_calls_total" not in metric_names(sglang)
+    assert "vllm:spec_decode_num_drafts_total" in metric_names(vllm)
+    chat(sglang, "What is 1 + 2?", chat_template_kwargs={"thinking": False})
+    assert {"sglang:spec_verify_calls_total", "sglang:spec_accept_length"} <= metric_names(sglang)
