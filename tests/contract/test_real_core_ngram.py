@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -81,12 +82,9 @@ def ngram_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(1)
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # its session: unshare --kill-child takes the namespace with it
+        process.wait(timeout=60)
 
 
 def scrape(base: str) -> dict[str, float]:
