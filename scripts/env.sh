@@ -26,7 +26,10 @@ export CONTAINERS_CONF=$CONTAINERS_CONF_FILE
 # collections/ holds this checkout as the collection blackwell.serving, beside the pinned ones.
 export ANSIBLE_COLLECTIONS_PATH=$REPO_ROOT/collections:$COLLECTIONS_DIR
 export ANSIBLE_CONFIG=$REPO_ROOT/ansible.cfg
-case ":$PATH:" in
-  *":$VENV_DIR/bin:"*) ;;
-  *) export PATH=$VENV_DIR/bin:$PATH ;;
-esac
+# First on PATH, moved there if it is further down: a Python that pyenv's shims started prepends its own bin
+# (its pytest, its python) to the PATH its children inherit.
+__bws_path=":$PATH:"
+__bws_path=${__bws_path//":$VENV_DIR/bin:"/:}
+__bws_path=${__bws_path#:}
+export PATH=$VENV_DIR/bin:${__bws_path%:}
+unset __bws_path

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -466,6 +466,18 @@ def env_int(name: str, default: int) -> int:
     return int(text)
 
 
+def stage_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The stages' environment: the project venv's bin first on PATH. This scheduler may have been started through
+    a pyenv shim (no venv yet on a fresh machine), and pyenv prepends its version's bin, with a pytest and a python of
+    its own, to the PATH its children inherit."""
+    env = dict(environ)
+    venv = env.get("VENV_DIR")
+    if venv:
+        first = f"{venv}/bin"
+        env["PATH"] = ":".join([first, *(entry for entry in env.get("PATH", "").split(":") if entry != first)])
+    return env
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     molecule = os.environ.get("BWS_MOLECULE_SCENARIOS")
@@ -479,7 +491,7 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)
     runner = Runner(specs, args.results, slots=env_int("BWS_TEST_SLOTS", 5),
-                    timeout_s=env_int("BWS_STAGE_TIMEOUT_S", 3000))
+                    timeout_s=env_int("BWS_STAGE_TIMEOUT_S", 3000), env=stage_environment(os.environ))
     outcomes = runner.run()
     for line in closing_lines(outcomes):
         runner.printer.line(line)

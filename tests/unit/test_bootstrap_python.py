@@ -98,3 +98,18 @@ def test_env_sh_puts_the_toolchain_on_path_and_leaves_shell_options_alone(tmp_pa
     assert after.endswith("off"), "pipefail must stay off"
     assert config == str(REPO / "ansible.cfg")
     assert count == "1", "sourcing twice must not grow PATH"
+
+
+def test_env_sh_moves_the_toolchain_before_a_bin_that_pyenv_put_first(tmp_path: Path) -> None:
+    """A Python started through pyenv's shims prepends its version's bin (its own pytest and python) to the PATH
+    its children inherit: the test command's scheduler, started so on a machine without the venv yet, gave every
+    stage pyenv's pytest (no xdist) until env.sh moved the venv back to the front."""
+    venv_bin = tmp_path / "cache" / "venv" / "bin"
+    shadow = tmp_path / "pyenv-version-bin"
+    script = 'source "$1"; echo "$PATH"'
+    path = f"{shadow}:/usr/bin:{venv_bin}:/bin"
+    env = {**os.environ, "BWS_CACHE_DIR": str(tmp_path / "cache"), "PATH": path}
+    result = subprocess.run(["/bin/bash", "-c", script, "env.sh", str(REPO / "scripts" / "env.sh")], check=False,
+                            env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().split(":") == [str(venv_bin), str(shadow), "/usr/bin", "/bin"]

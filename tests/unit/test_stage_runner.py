@@ -25,6 +25,7 @@ from tests.stage_runner import (
     closing_lines,
     junit_counts,
     main,
+    stage_environment,
     stage_specs,
     wanted_specs,
 )
@@ -285,3 +286,13 @@ def test_pytest_junit_files_keep_recorded_properties(junit_run: tuple[Path, str]
     properties = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
     assert properties.get("tiny_property") == "recorded-value", ET.tostring(ET.parse(junit).getroot())
     assert "record_property is incompatible" not in printed, printed
+
+
+def test_the_stages_find_the_project_venv_before_a_bin_pyenv_put_first() -> None:
+    """Started through a pyenv shim, the scheduler inherits pyenv's version bin (its own pytest, no xdist) before
+    the venv's: every stage must get the venv first, and the rest of PATH kept in order."""
+    environ = {"VENV_DIR": "/c/venv", "PATH": "/p/versions/3.11/bin:/c/venv/bin:/usr/bin", "HOME": "/h"}
+    env = stage_environment(environ)
+    assert env["PATH"] == "/c/venv/bin:/p/versions/3.11/bin:/usr/bin"
+    assert env["HOME"] == "/h" and environ["PATH"].startswith("/p/")
+    assert stage_environment({"PATH": "/usr/bin"}) == {"PATH": "/usr/bin"}
