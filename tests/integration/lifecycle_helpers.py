@@ -136,7 +136,8 @@ BOOT_UNIT = "llm-serving-boot.service"
 def what_boots(host: EngineHost) -> dict:
     """What a reboot of the host would start: the boot unit's choice (its own program, --dry-run), whether the boot
     unit is enabled, and every engine unit enabled besides (a second thing that would start at boot)."""
-    choice = json.loads(host.sh("/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run"))
+    units = " ".join(f"--unit {unit}" for unit in ENGINE_UNITS)
+    choice = json.loads(host.sh(f"/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run {units}"))
     each = 'do echo "$u=$(systemctl show -p UnitFileState --value "$u")"; done'
     shown = host.sh(f"for u in {' '.join(ENGINE_UNITS)} {BOOT_UNIT}; {each}")
     states = dict(line.split("=", 1) for line in shown.splitlines())

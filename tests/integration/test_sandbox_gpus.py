@@ -44,7 +44,8 @@ GPU_LINE = re.compile(r"GPU (\d) \(minor (\d)\): ([^;]*); (\d+) -> (\d+) MiB \(f
 HOLDER_MIB = 4096
 HEALTH = ("python3 -c \"import urllib.request as u; "
           "print(u.urlopen('http://127.0.0.1:30000/health', timeout=10).status)\"")
-BOOT_DRY_RUN = "/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run"
+BOOT_DRY_RUN = ("/usr/bin/python3 -I /usr/local/libexec/llm-serving/engine_boot.py --dry-run --unit sglang.service "
+                "--unit vllm.service")
 RELEASE = re.compile(r"^sglang-[0-9a-f]{12}$")
 
 

@@ -66,7 +66,9 @@ def test_an_empty_or_missing_roster_is_refused(tmp_path):
         er.load_roster(tmp_path / "absent.yml")
 
 
-def test_every_engine_reserves_its_bind_address_and_port_to_variables():
-    """An option must not move the engine off the address and port that the unit, the no-key refusal and verify read."""
+def test_every_engine_reserves_its_bind_address_port_and_remote_code_to_variables():
+    """An option must not move the engine off the address and port that the unit, the no-key refusal and verify read,
+    nor run the checkpoint's code where the profile (held to a reviewed commit) does not say so."""
     for name, entry in ROSTER.items():
-        assert entry["reserved_flags"] == {"host": f"{name}_listen_address", "port": "the profile's port"}, name
+        assert entry["reserved_flags"] == {"host": f"{name}_listen_address", "port": "the profile's port",
+                                           "trust-remote-code": "the profile's trust_remote_code"}, name

@@ -388,6 +388,12 @@ def _refusals(options: dict) -> list[str]:
      "profile kimi: vllm_options.host: host is set by vllm_listen_address, never by an option"),
     ({"vllm": {"port": False}},
      "profile kimi: vllm_options.port: port is set by the profile's port, never by an option"),
+    # Remote code is the profile's key only, where the commit-pin rule holds it: an option would skip that rule.
+    ({"sglang": {"trust-remote-code": True}},
+     "profile kimi: sglang_options.trust-remote-code: trust-remote-code is set by the profile's trust_remote_code, "
+     "never by an option"),
+    ({"vllm": {"trust_remote_code": True}},
+     "profile kimi: vllm_options.trust_remote_code: trust-remote-code is set by the profile's trust_remote_code"),
 ])
 def test_host_and_port_are_never_options(options: dict, message: str) -> None:
     (error,) = _refusals(options)
@@ -476,6 +482,21 @@ def test_an_sglang_option_that_removes_a_guard_is_refused_naming_it_why_and_the_
                                             ("enable-custom-logit-processor", "false")])
 def test_a_guarded_option_at_its_safe_value_passes(key: str, value: object) -> None:
     assert _refusals({"sglang": {key: value}}) == []
+
+
+@pytest.mark.parametrize(("engine", "key", "value", "why"), [
+    ("vllm", "allowed-local-media-path", "/var/lib", "read the image and video files under that directory"),
+    ("vllm", "enable_prompt_embeds", True, "deserializes with torch.load"),
+    ("vllm", "trust-request-chat-template", "yes", "send its own Jinja chat template"),
+    ("vllm", "config", "/etc/vllm.yaml", "flags that no check of this collection sees"),
+    ("sglang", "trust-request-chat-template", True, "send its own Jinja chat template"),
+    ("sglang", "config", "/tmp/other.yaml", "a second file would bring flags"),
+])
+def test_options_that_open_files_code_or_unchecked_flags_to_clients_are_refused(engine, key, value, why) -> None:
+    (error,) = _refusals({engine: {key: value}})
+    assert error.startswith(f"profile kimi: {engine}_options.{key} is "), error
+    assert why in error and "; way out: " in error, error
+    assert _refusals({engine: {key: None if key in ("config", "allowed-local-media-path") else False}}) == []
 
 
 def _refusing_value(condition: object) -> str:

@@ -10,10 +10,12 @@ step (the rename that writes state.json):
   its `boot`, the last release that passed its gate (`previous` in a state.json written before `boot` existed);
   nothing when there is none (a first deploy, a deploy on a host teardown stopped);
 - "stopped" (teardown) or no state.json: nothing.
-The unit file of the release is the one in its release directory. Where /etc/systemd/system holds another one of
+It starts only an engine unit the engine roster declares (the boot unit passes each with --unit): a release.json that
+names any other unit (a stray `*.service`, a system unit) fails the boot unit and starts nothing. The unit file of the
+release is the one in its release directory, and it starts from /etc/systemd/system: where /etc holds another one of
 that name (a power cut after a deploy's commit wrote the new release's unit and before it wrote state.json), the
-release's own copy is put in the runtime unit directory, which systemd reads first and a reboot empties, so the
-release starts byte for byte as it served.
+release's own copy replaces it there (atomically), so the release starts byte for byte as it served and /etc says
+what runs; a copy of that name in the runtime unit directory, which systemd reads before /etc, is removed first.
 
 Standard library only. --dry-run prints the choice as JSON and changes nothing. Exit 0 when the choice was made
 (nothing to start included); 1 when state.json or the release cannot be read (the unit shows failed).
@@ -74,8 +76,9 @@ def read_bytes(path: str) -> bytes | None:
         return None
 
 
-def choose(state_dir: str, unit_dir: str) -> dict:
-    """What boots: {release, unit, why, overlay (the release's unit must be put in the runtime directory)}."""
+def choose(state_dir: str, unit_dir: str, units: frozenset[str], runtime_dir: str | None = None) -> dict:
+    """What boots: {release, unit, why, overlay (the release's unit must be written to unit_dir)}; only one of
+    `units` (the roster's engine units)."""
     release, why = release_to_boot(read_json(os.path.join(state_dir, "state.json")))
     if release is None:
         return {"release": None, "unit": None, "why": why, "overlay": False}
@@ -86,27 +89,39 @@ def choose(state_dir: str, unit_dir: str) -> dict:
     if not isinstance(metadata, dict) or not UNIT_NAME.match(str(metadata.get("unit", ""))):
         raise BootError(f"{release_dir}/release.json is missing or names no unit")
     unit = metadata["unit"]
+    if unit not in units:
+        allowed = ", ".join(sorted(units)) or "none given"
+        raise BootError(f"{release_dir}/release.json names {unit}, not an engine unit of the roster ({allowed})")
     own = read_bytes(os.path.join(release_dir, unit))
     if own is None:
         raise BootError(f"{release_dir}/{unit} is missing")
+    shadow = os.path.join(runtime_dir, unit) if runtime_dir else None
     return {"release": release, "unit": unit, "why": why,
-            "overlay": read_bytes(os.path.join(unit_dir, unit)) != own, "unit_path": os.path.join(release_dir, unit)}
+            "overlay": read_bytes(os.path.join(unit_dir, unit)) != own, "unit_path": os.path.join(release_dir, unit),
+            "shadow": shadow if shadow and os.path.lexists(shadow) else None}
 
 
-def put_in_runtime_dir(source: str, runtime_dir: str, unit: str) -> None:
-    os.makedirs(runtime_dir, mode=0o755, exist_ok=True)
+def write_unit(source: str, unit_dir: str, unit: str) -> None:
+    """The release's own unit file as unit_dir/unit, replaced in one rename and synced with its directory."""
     with open(source, "rb") as handle:
         content = handle.read()
-    fd, temporary = tempfile.mkstemp(dir=runtime_dir, prefix=f".{unit}.")
+    fd, temporary = tempfile.mkstemp(dir=unit_dir, prefix=f".{unit}.")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.chmod(temporary, 0o644)
-        os.replace(temporary, os.path.join(runtime_dir, unit))
+        os.replace(temporary, os.path.join(unit_dir, unit))
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+    directory = os.open(unit_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", default="/var/lib/llm-serving")
     parser.add_argument("--unit-dir", default="/etc/systemd/system")
     parser.add_argument("--runtime-dir", default="/run/systemd/system.control")
+    parser.add_argument("--unit", action="append", default=[], dest="units", metavar="NAME",
+                        help="an engine unit of the roster, the only units it may start (repeat for each)")
     parser.add_argument("--systemctl", default="systemctl")
     parser.add_argument("--dry-run", action="store_true", help="print the choice as JSON, change nothing")
     args = parser.parse_args(argv)
     try:
-        choice = choose(args.state_dir, args.unit_dir)
+        choice = choose(args.state_dir, args.unit_dir, frozenset(args.units), args.runtime_dir)
     except BootError as exc:
         print(f"engine boot: {exc}; no engine started", file=sys.stderr)
         return 1
@@ -128,13 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     if choice["unit"] is None:
         print(f"engine boot: nothing to start ({choice['why']})")
         return 0
+    if choice["shadow"]:
+        os.unlink(choice["shadow"])
     if choice["overlay"]:
-        put_in_runtime_dir(choice["unit_path"], args.runtime_dir, choice["unit"])
+        write_unit(choice["unit_path"], args.unit_dir, choice["unit"])
+    if choice["overlay"] or choice["shadow"]:
         subprocess.run([args.systemctl, "daemon-reload"], check=True)
     subprocess.run([args.systemctl, "start", "--no-block", "--", choice["unit"]], check=True)
     print(f"engine boot: starting {choice['unit']} of release {choice['release']} ({choice['why']})"
-          + (f"; its own unit file put in {args.runtime_dir} (another one of that name is in {args.unit_dir})"
-             if choice["overlay"] else ""))
+          + (f"; its own unit file written to {args.unit_dir} (another one of that name was there)"
+             if choice["overlay"] else "")
+          + (f"; {choice['shadow']} removed (it would override {args.unit_dir})" if choice["shadow"] else ""))
     return 0
 
 

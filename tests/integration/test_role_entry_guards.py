@@ -1,0 +1,73 @@
+"""The engine roles refuse what takes a guard away however the variables reach them, not only at the playbooks'
+input check (which reads the host's variables): a play's ``vars:`` calling the role by its full name, with no input
+check before it, meets the same refusal inside the role (roles/engine_service/tasks/guards.yml on the effective flags
+and environment), before the role changes anything.
+
+Runs the real roles with ansible-playbook against localhost (local connection), in check mode so that a guard that
+failed to refuse could not change this machine either; the refusal comes before any task that reaches the host.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.playbook_run import PlaybookRun, local_inventory, run_playbook
+
+REPO = Path(__file__).resolve().parents[2]
+GUARD_TASK = ("engine_service : Guards | the engine keeps its address, port and remote-code setting, takes no guard "
+              "away, and serves beyond loopback only with a key")
+CASES = {
+    "sglang-tokenizer-workers": ("sglang", {"sglang_extra_options": {"tokenizer-worker-num": 2}},
+                                 "sglang's effective flag tokenizer-worker-num is 2: SGLang adds its API-key and "
+                                 "admin-key middleware only in single-tokenizer mode"),
+    "sglang-remote-code": ("sglang", {"sglang_default_options": {"trust_remote_code": True}},
+                           "sglang would get trust_remote_code True after the options are merged, not False (the "
+                           "profile's trust_remote_code)"),
+    "sglang-loopback-lookalike": ("sglang", {"sglang_listen_address": "127.0.0.1.nip.io"},
+                                  "sglang would bind 127.0.0.1.nip.io but sglang_api_key is empty"),
+    "vllm-dev-routes": ("vllm", {"vllm_extra_environment": {"VLLM_SERVER_DEV_MODE": "1"}},
+                        "vllm's environment VLLM_SERVER_DEV_MODE is \"1\": vLLM then adds its development routes"),
+    "vllm-remote-code": ("vllm", {"vllm_extra_options": {"trust-remote-code": True}},
+                         "vllm would get trust-remote-code True after the options are merged, not False"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, PlaybookRun]:
+    work = tmp_path_factory.mktemp("role-guards")
+    inventory = work / "inventory"
+    local_inventory(inventory / "hosts.json", host_vars={"engine_profile": "sandbox-tiny"})
+    (inventory / "group_vars").mkdir()
+    (inventory / "group_vars" / "all").symlink_to(REPO / "inventory" / "sandbox" / "group_vars" / "all")
+
+    def run(case: str) -> PlaybookRun:
+        engine, play_vars, _ = CASES[case]
+        playbook = work / f"{case}.yml"
+        playbook.write_text(yaml.safe_dump([{
+            "name": f"Call the {engine} role directly, its inputs in the play's vars",
+            "hosts": "gpu_servers", "gather_facts": False, "vars": play_vars,
+            "tasks": [{"name": "The engine role",
+                       "ansible.builtin.include_role": {"name": f"blackwell.serving.{engine}"}}],
+        }], sort_keys=False))
+        return run_playbook(playbook, inventory, check=True, workdir=work, timeout=300,
+                            envvars={"ANSIBLE_LOCAL_TEMP": str(work / "tmp")})
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(CASES, pool.map(run, CASES), strict=True))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_role_refuses_what_its_play_vars_bring_before_it_changes_anything(runs, case: str) -> None:
+    result = runs[case]
+    text = " ".join(result.stdout.split())
+    assert result.rc == 2, text[-3000:]
+    assert CASES[case][2] in text, text[-3000:]
+    assert result.tasks_started[-1] == GUARD_TASK, result.tasks_started
+    assert result.recap("localhost")["failed"] == 1 and result.recap("localhost")["changed"] == 0, text[-2000:]
+    failed = [r for r in result.task_events_results() if r["_event"] == "runner_on_failed"]
+    assert [r["_task"] for r in failed] == [GUARD_TASK.split(" : ", 1)[1]], json.dumps(failed)[:2000]
