@@ -18,7 +18,7 @@ printf -- "- hosts: gpu_servers\n  gather_facts: false\n  tasks: []\n" > /tmp/em
 for i in 1 2 3 4 5; do
   /usr/bin/time -f "empty %e" ansible-playbook -i /tmp/inv.json /tmp/empty.yml >/dev/null
   /usr/bin/time -f "ping %e" ansible-playbook -i /tmp/inv.json /tmp/ping.yml > /tmp/p.log; grep -E -- "---" /tmp/p.log | tail -1
-  /usr/bin/time -f "teardown %e" ansible-playbook -i /tmp/inv.json playbooks/teardown.yml -e gpu_release_service_users='["root"]' > /tmp/t.log; grep -E -- "---" /tmp/t.log
+  /usr/bin/time -f "teardown %e" ansible-playbook -i /tmp/inv.json playbooks/teardown.yml -e teardown_confirm=yes -e gpu_release_service_users='["root"]' > /tmp/t.log; grep -E -- "---" /tmp/t.log
 done
 for pb in /tmp/ping.yml playbooks/teardown.yml; do
   ANSIBLE_DEBUG=1 ansible-playbook -i /tmp/inv.json $pb -e gpu_release_service_users='["root"]' > /tmp/d.log 2>&1

@@ -1,15 +1,16 @@
 """Action plugin confirm: ask the person at the controller's terminal to confirm, once, before a play stops things.
 
-Runs on the controller (use it with run_once). It asks only when someone can answer: with a given answer
-(``confirm``: true goes on, false stops), in check mode (nothing would change) or without a terminal on the
-controller's stdin (CI, ansible-runner, a pipe: Ansible's prompt says so, as ``ansible.builtin.pause`` does) it does
-not ask and says why; nor under ansible-runner, which runs ansible-playbook on a pseudo-terminal nobody types at.
-Otherwise it prints ``lines`` and ``question`` and goes on only on ``yes`` (or ``y``); anything
-else fails the task, and with it the play, before anything changed.
+Runs on the controller (use it with run_once). With a given answer (``confirm``: true goes on, false stops) or in
+check mode (nothing would change) it does not ask. Where nobody can answer (no terminal on the controller's stdin:
+cron, ssh without a tty, CI, a pipe, as Ansible's prompt tells it; or ansible-runner, which runs ansible-playbook on
+a pseudo-terminal nobody types at) it refuses, failing the task before anything changed and naming the variable that
+answers ahead (as kubespray's reset refuses unless told): a job that stops serving says so in its own command line.
+Otherwise it prints ``lines`` and ``question`` and goes on only on ``yes`` (or ``y``); anything else fails the task,
+and with it the play, before anything changed.
 
 Arguments: question (str), lines (list of str: what would be done), confirm (bool or null), variable (str: the name
 of the variable that gives the answer, for the messages).
-Returns: confirmed (bool), asked (bool), how (str: given, check mode, not a terminal, answered).
+Returns: confirmed (bool), asked (bool), how (str: given, check mode, answered).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def _answer(value: object) -> bool | None:
         raise AnsibleActionFail(f"the answer must be yes or no, not {value!r}") from exc
 
 
+def _nobody_to_ask(why: str, variable: str) -> str:
+    return (f"Nobody to ask: {why}. Refusing to go on unasked: give -e {variable}=yes to go on without the question. "
+            "Stopped before anything changed.")
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("question", "lines", "confirm", "variable"))
@@ -59,16 +65,13 @@ class ActionModule(ActionBase):
         if RUNNER_ENVIRONMENT & set(os.environ):
             # ansible-runner (AWX, CI jobs) runs ansible-playbook on a pseudo-terminal of its own that nobody types
             # at: Ansible's prompt would wait there for ever.
-            return {**result, "confirmed": True, "how": "not a terminal",
-                    "msg": f"Run by ansible-runner, whose terminal nobody types at: going on without asking. "
-                           f"-e {variable}=yes says so explicitly."}
+            raise AnsibleActionFail(_nobody_to_ask("run by ansible-runner, whose terminal nobody types at", variable))
         prompt = "\n".join([*lines, "", f"{question} Type yes to go on (or give -e {variable}=yes): "])
         try:
             reply = display.prompt_until(prompt, private=False)
-        except AnsiblePromptNoninteractive:
-            return {**result, "confirmed": True, "how": "not a terminal",
-                    "msg": f"No terminal to ask on (CI, ansible-runner, a pipe): going on without asking. "
-                           f"-e {variable}=yes says so explicitly."}
+        except AnsiblePromptNoninteractive as exc:
+            raise AnsibleActionFail(_nobody_to_ask("no terminal to ask on (cron, ssh without a tty, CI, a pipe)",
+                                                   variable)) from exc
         except AnsiblePromptInterrupt as exc:
             raise AnsibleActionFail("Interrupted at the question: stopped before anything changed.") from exc
         answer = reply.decode(errors="replace").strip() if isinstance(reply, bytes) else str(reply).strip()

@@ -318,7 +318,9 @@ def run_teardown(work: Path, extravars: dict[str, Any], python: str = sys.execut
     work.mkdir(parents=True, exist_ok=True)
     inventory = local_inventory(work / f"hosts-{len(list(work.glob('hosts-*')))}.json", python=python)
     t0 = time.monotonic()
-    run = run_playbook("playbooks/teardown.yml", inventory, extravars=extravars, workdir=work, timeout=600,
+    # nobody is at ansible-runner's terminal: teardown.yml refuses unless told ahead
+    run = run_playbook("playbooks/teardown.yml", inventory, extravars={"teardown_confirm": "yes", **extravars},
+                       workdir=work, timeout=600,
                        envvars={"ANSIBLE_LOCAL_TEMP": str(work / "tmp")})
     wall = round(time.monotonic() - t0, 3)
     release = next((event["event_data"].get("res") for event in run.task_events

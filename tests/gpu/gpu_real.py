@@ -74,7 +74,9 @@ class Backend:
 
     def extravars(self, **more: Any) -> dict[str, Any]:
         # the holders run as root here: root stands for the engines' service user
-        return {"gpu_release_shm_dir": str(self.shm), "gpu_release_service_users": ["root"], **more}
+        # teardown_confirm: nobody is at ansible-runner's terminal, and teardown.yml refuses unless told ahead
+        return {"gpu_release_shm_dir": str(self.shm), "gpu_release_service_users": ["root"], "teardown_confirm": "yes",
+                **more}
 
     def snapshot(self) -> dict[str, Any]:
         gpus, apps = nv.query(self.nvidia_smi)

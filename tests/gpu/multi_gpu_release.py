@@ -312,6 +312,7 @@ class Rep:
 
     def release_with_module(self, job: Job, baseline: dict[str, Any]) -> dict[str, Any]:
         extravars: dict[str, Any] = {
+            "teardown_confirm": "yes",  # nobody is at ansible-runner's terminal: teardown.yml refuses unless told
             "gpu_release_grace_s": self.args.grace,
             "gpu_release_timeout_s": 120,
             "gpu_release_service_users": ["root"],  # the ranks run as root here, standing for the engine user

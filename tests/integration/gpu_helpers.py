@@ -120,6 +120,8 @@ class Sim:
             "gpu_release_shm_dir": str(self.shm),
             # the test's engine processes run as root, the user this test runs as
             "gpu_release_service_users": ["root"],
+            # nobody is at ansible-runner's terminal: teardown.yml refuses unless told ahead
+            "teardown_confirm": "yes",
             **more,
         }
 

@@ -150,7 +150,8 @@ def sampler_hang_after_ready_rolls_back_at_the_smoke_timeout(host: EngineHost, r
 
 def teardown_stops_the_engine(host: EngineHost, runs: list, engine: str) -> None:
     """From a terminal teardown.yml shows what it would stop and, answered "no", stops with nothing changed; without
-    a terminal (ansible-runner, as CI runs it) it asks nothing and stops the engine.
+    a terminal (ansible-runner, as CI runs it) it refuses, nothing changed, unless -e teardown_confirm=yes answers
+    ahead; then it stops the engine.
     Leaves: nothing serving, no process of the front end left."""
     before, pid = host.state(), host.unit(unit(engine))["MainPID"]
     rc, printed = run_at_a_terminal(REPO / "teardown.yml", host.inventory, "no", wait_for="Type yes to go on")
@@ -159,11 +160,16 @@ def teardown_stops_the_engine(host: EngineHost, runs: list, engine: str) -> None
         printed[-3000:]
     assert "Not confirmed (the answer was 'no', not yes): stopped before anything changed." in printed, printed[-3000:]
     assert host.state() == before and host.unit(unit(engine))["MainPID"] == pid and host.health() == 200
-    run = host.run_playbook("playbooks/teardown.yml")
+    unasked = host.run_playbook("playbooks/teardown.yml")
+    runs.append(unasked)
+    assert unasked.status == "failed", unasked.stdout[-4000:]
+    assert ("Nobody to ask: run by ansible-runner, whose terminal nobody types at. Refusing to go on unasked: give -e "
+            "teardown_confirm=yes") in " ".join(unasked.stdout.split()), unasked.stdout[-4000:]
+    assert host.state() == before and host.unit(unit(engine))["MainPID"] == pid and host.health() == 200
+    run = host.run_playbook("playbooks/teardown.yml", {"teardown_confirm": "yes"})
     runs.append(run)
     assert run.status == "successful", run.stdout[-4000:]
-    assert "Run by ansible-runner, whose terminal nobody types at: going on without asking." in " ".join(
-        run.stdout.split()), run.stdout[-4000:]
+    assert "Confirmed by teardown_confirm=yes." in " ".join(run.stdout.split()), run.stdout[-4000:]
     assert host.unit(unit(engine))["ActiveState"] in ("inactive", "failed")
     # (the bracket keeps pgrep from matching the shell that runs it)
     assert host.sh(f"pgrep -f '[{engine[0]}]{engine[1:]}_serve.py' || true") == ""

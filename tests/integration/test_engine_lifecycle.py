@@ -432,7 +432,7 @@ def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, r
     assert engine_pids, "the engine serves before the teardown"
     session = start_in_handmade_session(host, "sglang::handmade_TP0")
     current = host.state()["current"]
-    run = host.run_playbook("playbooks/teardown.yml")
+    run = host.run_playbook("playbooks/teardown.yml", {"teardown_confirm": "yes"})
     assert run.status == "successful", run.stdout[-3000:]
     for unit in ("sglang.service", "vllm.service"):
         assert host.unit(unit)["ActiveState"] == "inactive"
@@ -454,7 +454,7 @@ def test_teardown_stops_everything_and_a_second_teardown_changes_nothing(host, r
     assert f"release {current} (sglang, profile sandbox-tiny-eagle3) is recorded as stopped" in flat, flat
     check = host.run_playbook("playbooks/teardown.yml", check=True)
     assert_check_mode_changes_nothing(check)
-    again = host.run_playbook("playbooks/teardown.yml")
+    again = host.run_playbook("playbooks/teardown.yml", {"teardown_confirm": "yes"})
     assert again.status == "successful"
     assert again.count("changed", host.name) == 0, again.stdout[-3000:]
 

@@ -99,7 +99,7 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     switched = fleet.run_playbook("playbooks/deploy_vllm.yml", limit=HOSTS[0])
     assert switched.status == "successful", switched.stdout[-3000:]
-    stopped = fleet.run_playbook("playbooks/teardown.yml", limit=HOSTS[2])
+    stopped = fleet.run_playbook("playbooks/teardown.yml", {"teardown_confirm": "yes"}, limit=HOSTS[2])
     assert stopped.status == "successful", stopped.stdout[-3000:]
     serving = {h: release(fleet, h) for h in HOSTS}
     engines = {HOSTS[0]: "vllm", HOSTS[1]: "sglang"}
@@ -150,7 +150,7 @@ def test_status_says_what_serves_on_each_host_and_which_could_not_be_read(fleet,
 def test_teardown_of_the_fleet(fleet):
     """Then status.yml says every host stopped, with the release a deploy or rollback would come back to."""
     fleet.write_inventory({"engine_profile": "sandbox-tiny"})
-    run = fleet.run_playbook("playbooks/teardown.yml")
+    run = fleet.run_playbook("playbooks/teardown.yml", {"teardown_confirm": "yes"})
     assert run.status == "successful", run.stdout[-3000:]
     assert all(fleet.on(h).unit(unit)["ActiveState"] == "inactive"
                for h in HOSTS for unit in ("sglang.service", "vllm.service"))
@@ -196,7 +196,7 @@ def test_teardown_stops_all_nodes_together(fleet):
               "    time.sleep(1)\n")
     subprocess.run(["podman", "exec", "-d", PAIR[0], "python3", "-c", client], check=True)
     time.sleep(2)
-    run = fleet.run_playbook("playbooks/teardown.yml")
+    run = fleet.run_playbook("playbooks/teardown.yml", {"teardown_confirm": "yes"})
     assert run.status == "successful", run.stdout[-3000:]
     assert all(fleet.on(h).unit("sglang.service")["ActiveState"] == "inactive" for h in PAIR)
 

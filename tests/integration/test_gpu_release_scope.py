@@ -103,6 +103,7 @@ class World:
             "gpu_release_dev_dir": str(self.tmp / "dev"),
             "gpu_release_shm_dir": str(self.tmp / "shm"),
             "gpu_release_grace_s": 1,
+            "teardown_confirm": "yes",  # nobody is at ansible-runner's terminal: teardown.yml refuses unless told
             **more,
         }
 

@@ -91,7 +91,7 @@ def test_a_readiness_timeout_while_the_real_core_loads_rolls_back(host, runs):
 
 def test_teardown_finds_and_stops_the_real_core_processes(host, runs):
     assert host.sh("pgrep -f '[v]llm.entrypoints.cli.main' || true").strip(), "no real-core process before teardown"
-    run = host.run_playbook("playbooks/teardown.yml")
+    run = host.run_playbook("playbooks/teardown.yml", {"teardown_confirm": "yes"})
     runs.append(run)
     assert run.status == "successful", run.stdout[-4000:]
     assert host.unit(unit(ENGINE))["ActiveState"] in ("inactive", "failed")

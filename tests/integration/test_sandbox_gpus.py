@@ -186,7 +186,7 @@ def test_a_check_mode_deploy_on_the_deployed_host_changes_nothing(sandbox_host):
 
 
 def test_teardown_verifies_the_8_simulated_gpus_free(sandbox_host):
-    rc, out = sandbox("teardown.yml")
+    rc, out = sandbox("teardown.yml", "-e", "teardown_confirm=yes")
     assert rc == 0, out[-4000:]
     assert SIMULATED in out
     gpus = GPU_LINE.findall(out)
@@ -226,7 +226,7 @@ def test_a_foreign_holder_is_refused_by_preflight_and_left_alive_by_teardown(san
     assert "nothing was stopped, signalled or removed" in out
     assert on_host("systemctl is-active sglang || true") == "inactive", "the engine was not started"
 
-    rc, out = sandbox("teardown.yml")
+    rc, out = sandbox("teardown.yml", "-e", "teardown_confirm=yes")
     assert rc == 0, out[-4000:]
     assert re.search(rf"foreign, not signalled: {pid}\b[^']*? on GPUs \[0\]: ", out), out[-4000:]
     gpu0 = next(g for g in GPU_LINE.findall(out) if g[0] == "0")

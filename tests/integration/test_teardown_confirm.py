@@ -1,9 +1,9 @@
 """teardown.yml's question (plugins/action/confirm.py, roles/engine_service/tasks/teardown_plan.yml), with the real
-ansible-playbook on the controller: on a pseudo-terminal it prints the lines and goes on only on "yes"; without a
-terminal (stdin a pipe or /dev/null, as CI and ansible-runner run it), with -e teardown_confirm or in --check it asks
-nothing. The play here runs on localhost and changes nothing but a file under tmp_path, which says whether the play
-went past the question. The whole teardown.yml at a terminal, against a serving host, is in the host scenarios
-(tests/integration/real_engine_scenario.py, teardown_stops_the_engine)."""
+ansible-playbook on the controller: on a pseudo-terminal it prints the lines and goes on only on "yes"; where nobody
+can answer (ansible-runner, CI, cron) it refuses unless -e teardown_confirm=yes answers ahead; with -e
+teardown_confirm or in --check it asks nothing. The play here runs on localhost and changes nothing but a file under
+tmp_path, which says whether the play went past the question. The whole teardown.yml at a terminal, against a
+serving host, is in the host scenarios (tests/integration/real_engine_scenario.py, teardown_stops_the_engine)."""
 
 from __future__ import annotations
 
@@ -62,13 +62,19 @@ def test_at_a_terminal_anything_but_yes_stops_before_the_change(tmp_path, answer
     assert not (tmp_path / "marker").exists()
 
 
-def test_under_ansible_runner_it_asks_nothing_and_goes_on(tmp_path):
-    """ansible-runner (CI, AWX) gives ansible-playbook a pseudo-terminal that nobody types at."""
+def test_under_ansible_runner_it_refuses_unless_answered_ahead(tmp_path):
+    """ansible-runner (CI, AWX) gives ansible-playbook a pseudo-terminal that nobody types at: a job that stops
+    serving must say so in its own command line."""
     run = run_playbook(write_play(tmp_path), "localhost,", extravars={"marker": str(tmp_path / "marker")})
-    assert run.status == "successful", run.stdout[-3000:]
-    assert run.result("how")["msg"] == ("not a terminal: Run by ansible-runner, whose terminal nobody types at: going "
-                                        "on without asking. -e teardown_confirm=yes says so explicitly.")
-    assert "Type yes" not in run.stdout
+    assert run.status == "failed", run.stdout[-3000:]
+    assert run.result("ask")["msg"] == (
+        "Nobody to ask: run by ansible-runner, whose terminal nobody types at. Refusing to go on unasked: give -e "
+        "teardown_confirm=yes to go on without the question. Stopped before anything changed.")
+    assert "Type yes" not in run.stdout and not (tmp_path / "marker").exists()
+    told = run_playbook(write_play(tmp_path), "localhost,",
+                        extravars={"marker": str(tmp_path / "marker"), "teardown_confirm": "yes"})
+    assert told.status == "successful", told.stdout[-3000:]
+    assert told.result("how")["msg"] == "given: Confirmed by teardown_confirm=yes."
     assert (tmp_path / "marker").exists()
 
 
