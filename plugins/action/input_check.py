@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import posixpath
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -221,8 +222,8 @@ def _profile_rules(profile: dict, roster: dict[str, dict], inputs: EngineInputs)
     if not 1 <= profile["port"] <= 65535:
         messages.append("port must be between 1 and 65535")
     for kind in ("model", "drafter"):
-        if profile.get(kind) and not str(profile[kind]["path"]).startswith("/"):
-            messages.append(f"{kind}.path must be absolute, got {profile[kind]['path']}")
+        if profile.get(kind):
+            messages += _model_path_problems(kind, str(profile[kind]["path"]))
     if profile.get("speculative") and not profile.get("drafter"):
         messages.append("speculative is set but drafter is null: speculation needs a drafter")
     if profile.get("trust_remote_code"):
@@ -231,6 +232,28 @@ def _profile_rules(profile: dict, roster: dict[str, dict], inputs: EngineInputs)
     messages += keys_in_options(options, "the profile", roster)
     messages += option_problems(options, roster, inputs)
     return messages
+
+
+# The model store chowns and chmods a model directory recursively as root: never one of these, nor a tree the host's
+# software, devices or this collection's releases (their key files) live in.
+SYSTEM_DIRECTORIES = frozenset(("/", "/var", "/var/lib", "/var/cache", "/home", "/root", "/opt", "/srv", "/tmp",
+                                "/mnt", "/media"))
+SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev", "/proc",
+                "/sys", "/run", "/var/lib/llm-serving", "/var/lib/sglang", "/var/lib/vllm", "/var/log")
+
+
+def _model_path_problems(kind: str, path: str) -> list[str]:
+    if not path.startswith("/"):
+        return [f"{kind}.path must be absolute, got {path}"]
+    normal = posixpath.normpath(path)
+    if normal != (path.rstrip("/") or "/") or path.startswith("//"):
+        return [f"{kind}.path {path} is not a plain path (`.`, `..` or `//` in it): write it as {normal}"]
+    tree = next((t for t in SYSTEM_TREES if normal == t or normal.startswith(t + "/")), None)
+    if normal in SYSTEM_DIRECTORIES or tree:
+        where = f"under {tree}" if tree else "a system directory"
+        return [f"{kind}.path {path} is {where}: the model store makes a model directory root-owned and readable "
+                "by the engines, recursively, so it must be a directory of its own (for instance /srv/models/<name>)"]
+    return []
 
 
 def keys_in_options(options: dict[str, Any], where: str, roster: dict[str, dict]) -> list[str]:

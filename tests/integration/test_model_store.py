@@ -363,6 +363,41 @@ def test_hub_errors_say_what_to_do_and_a_server_without_range_is_read_up_to_the_
         assert_manifest_is_sha256sum(dest)
 
 
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("https://huggingface.co/api/models/x", True), ("http://127.0.0.1:8080/api", True), ("http://localhost/x", True),
+    ("http://[::1]:9/x", True), ("http://huggingface.co/api", False), ("http://127.0.0.1.nip.io/x", False),
+    ("ftp://huggingface.co/x", False),
+])
+def test_the_token_goes_only_over_https_or_to_a_mirror_on_this_host(url: str, allowed: bool) -> None:
+    assert load_transfer().token_may_go_to(url) is allowed
+
+
+def test_a_plain_http_endpoint_with_a_token_is_refused_before_any_request() -> None:
+    transfer, error = load_transfer(), load_module_util("model.store").ModelStoreError
+    spec = {"type": "hf", "repo": "acme/tiny", "endpoint": "http://user:pw@mirror.example.com/"}
+    with pytest.raises(error, match=r"the Hub endpoint http://mirror.example.com is not https: the token"):
+        transfer.make_source(spec, TOKEN, 5)
+    assert transfer.make_source(spec, None, 5).endpoint() == "http://user:pw@mirror.example.com"  # no token: fine
+    with pytest.raises(error, match=r"refusing to send the Hub token to http://mirror.example.com/x: it goes only"):
+        transfer.HttpClient(TOKEN, 5).request("http://user:pw@mirror.example.com/x?q=1")
+
+
+@pytest.mark.parametrize(("start", "target", "kept"), [
+    ("https://huggingface.co/a", "https://huggingface.co/b", True),
+    ("https://huggingface.co/a", "http://huggingface.co/b", False),  # a downgrade on the same host
+    ("https://huggingface.co/a", "https://cdn-lfs.huggingface.co/b", False),
+    ("https://huggingface.co/a", "https://huggingface.co:8443/b", False),
+    ("http://127.0.0.1:8080/a", "http://127.0.0.1:8080/b", True),
+])
+def test_a_redirect_keeps_the_token_only_on_the_same_origin_and_never_in_clear(start, target, kept) -> None:
+    import urllib.request
+
+    handler = load_transfer()._RedirectKeepingAuthOnSameOrigin()
+    request = urllib.request.Request(start, headers={"Authorization": f"Bearer {TOKEN}"})
+    new = handler.redirect_request(request, None, 302, "Found", {}, target)
+    assert new.has_header("Authorization") is kept
+
+
 # ---------------------------------------------------------------- the real huggingface_hub client
 
 
@@ -482,3 +517,35 @@ def test_hub_client_file_that_differs_from_the_listing_is_set_aside():
         assert (dest / f"{shard}.part.rejected").is_file()
         assert not (dest / shard).exists() and not (dest / ".model_store" / "manifest.json").exists()
         assert (dest / "config.json").is_file()  # the files that agree with the listing are kept
+
+
+def test_a_link_planted_in_a_model_directory_is_refused_and_what_it_names_keeps_its_mode():
+    """Whoever can write into a model directory plants `x -> <a root-only file>`; the store's recursive chown and
+    chmod, as root, would make that file readable by every local user. Refused, naming the link, before any mode
+    changes; the walk that lists a local source refuses links too, so no file a link names is copied."""
+    with scratch() as work:
+        source = make_tiny_model(work / "src", shards=1, seed=7)
+        dest = work / "models" / "m"
+        secret = work / "root-only"
+        secret.write_text("not for the engines\n")
+        secret.chmod(0o600)
+        profiles = {"p": {"model": {"path": str(dest), "source": {"type": "local", "path": str(source)}},
+                          "drafter": None}}
+        first = run_fetch_playbook(work, profiles, {"model_store_profiles": "p"})
+        assert first.rc == 0, first.stdout
+        (dest / "x").symlink_to(secret)
+        again = run_fetch_playbook(work, profiles, {"model_store_profiles": "p"})
+        text = " ".join(again.stdout.split())
+        assert again.rc != 0, text[-3000:]
+        assert f"Symbolic links in the model directories, which the model store never makes and never follows: " \
+               f"{dest / 'x'}." in text, text[-3000:]
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        (dest / "x").unlink()
+
+        (source / "extra.json").symlink_to(secret)  # a link in the source: never followed, never copied
+        listed = run_fetch_playbook(work, profiles, {"model_store_profiles": "p", "model_store_refresh": True})
+        text = " ".join(listed.stdout.split())
+        assert listed.rc != 0, text[-3000:]
+        assert f"holds 1 symbolic link(s), which the model store never follows or copies: {source / 'extra.json'} " \
+               f"-> {secret}" in text, text[-3000:]
+        assert not (dest / "extra.json").exists() and stat.S_IMODE(secret.stat().st_mode) == 0o600

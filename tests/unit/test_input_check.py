@@ -600,3 +600,29 @@ def test_a_roster_key_variable_that_is_not_a_no_log_option_of_its_role_is_refuse
     change(roster)
     assert [problem for problem in ic.roster_secret_problems(roster, CATALOG) if said in problem], \
         ic.roster_secret_problems(roster, CATALOG)
+
+
+@pytest.mark.parametrize(("path", "said"), [
+    ("/var/lib/llm-serving", "is under /var/lib/llm-serving"),
+    ("/var/lib/llm-serving/releases/x", "is under /var/lib/llm-serving"),
+    ("/etc", "is under /etc"), ("/usr/share/models", "is under /usr"), ("/", "is a system directory"),
+    ("/var/lib", "is a system directory"), ("/home", "is a system directory"), ("/root", "is a system directory"),
+    ("/srv/models/../../etc", "is not a plain path"), ("/srv//models", "is not a plain path"),
+    ("//srv/models", "is not a plain path"), ("srv/models", "must be absolute"),
+])
+def test_a_model_path_that_would_chmod_the_system_or_the_releases_is_refused(path: str, said: str) -> None:
+    """The model store makes a model directory root-owned and engine-readable, recursively, as root: a state
+    directory as a model path would make every release's key file readable."""
+    profile = _kimi()
+    profile["model"] = {**profile["model"], "path": path}
+    _, errors = ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER, INPUTS)
+    assert (len(errors) == 1 and said in errors[0] and errors[0].startswith(f"profile kimi: model.path {path}")) \
+        or (said == "must be absolute" and errors == [f"profile kimi: model.path must be absolute, got {path}"]), errors
+
+
+@pytest.mark.parametrize("path", ["/srv/models/kimi", "/data/models/kimi-k2.5", "/var/lib/models/kimi", "/tmp/m/x",
+                                  "/srv/models/kimi/"])
+def test_a_model_directory_of_its_own_passes(path: str) -> None:
+    profile = _kimi()
+    profile["model"] = {**profile["model"], "path": path}
+    assert ic.check_profile("kimi", profile, CATALOG.profile_schema, ROSTER, INPUTS)[1] == []

@@ -202,21 +202,32 @@ def parse_rsync_list(text: str) -> list[RemoteFile]:
 
 
 def walk_local(root: str) -> list[RemoteFile]:
-    """List the regular files under root (model store state and partial files excluded)."""
-    files = []
+    """List the regular files under root (model store state and partial files excluded). A symbolic link anywhere
+    in the tree is refused, naming each: the store copies what it lists into a directory the engines read, and a link
+    (`x -> /etc/shadow`) would carry a file of the host's choosing there."""
+    files, links = [], []
     for directory, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(directory, root)
         if rel_dir == ".":
             dirnames[:] = [d for d in dirnames if d != STATE_DIR]
         elif rel_dir == ".cache":
             dirnames[:] = [d for d in dirnames if d != "huggingface"]  # the Hub client's own state
-        dirnames.sort()
+        links += [os.path.join(directory, d) for d in dirnames if os.path.islink(os.path.join(directory, d))]
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(directory, d)))
         for name in sorted(filenames):
             full = os.path.join(directory, name)
+            if os.path.islink(full):
+                links.append(full)
+                continue
             if name.endswith(PART_SUFFIX) or not os.path.isfile(full):
                 continue
             rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
             files.append(RemoteFile(path=safe_relpath(rel), size=os.path.getsize(full)))
+    if links:
+        shown = ", ".join(f"{link} -> {os.readlink(link)}" for link in sorted(links)[:10])
+        more = f" and {len(links) - 10} more" if len(links) > 10 else ""
+        raise ModelStoreError(f"{root} holds {len(links)} symbolic link(s), which the model store never follows or "
+                              f"copies: {shown}{more}. Replace each with the file itself (or remove it).")
     return files
 
 

@@ -9,6 +9,7 @@ that is complete is ever removed or overwritten: a file that disagrees with the 
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import os
 import shutil
@@ -126,18 +127,46 @@ def format_eta(seconds: int) -> str:
 # ---------------------------------------------------------------- HTTP
 
 
-class _RedirectKeepingAuthOnSameHost(urllib.request.HTTPRedirectHandler):
-    """Follow redirects (the Hub sends LFS files to a CDN) but never send the token to another host."""
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name (127.0.0.1.nip.io resolves wherever its owner says)
+
+
+def token_may_go_to(url: str) -> bool:
+    """The token travels only encrypted (https), or to a mirror on this host (http to a loopback address, where no
+    network lies between)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "https" or (parts.scheme == "http" and _is_loopback((parts.hostname or "").lower()))
+
+
+def redact_url(url: str) -> str:
+    """The URL without credentials in it, its query or its fragment (to name it in a message)."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.netloc.lower()
+
+
+class _RedirectKeepingAuthOnSameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follow redirects (the Hub sends LFS files to a CDN) but never send the token to another origin: another host,
+    another port, or the same host over http (a downgrade would send it in clear)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0917 (urllib's signature)
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        old_host = urllib.parse.urlsplit(req.full_url).netloc
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != old_host:
+        if new is not None and (_origin(newurl) != _origin(req.full_url) or not token_may_go_to(newurl)):
             new.remove_header("Authorization")
         return new
 
 
-_OPENER = urllib.request.build_opener(_RedirectKeepingAuthOnSameHost())
+_OPENER = urllib.request.build_opener(_RedirectKeepingAuthOnSameOrigin())
 
 
 class HttpClient:
@@ -148,6 +177,9 @@ class HttpClient:
     def request(self, url: str, extra: dict[str, str] | None = None) -> http.client.HTTPResponse:
         request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(extra or {})})
         if self.token:
+            if not token_may_go_to(url):
+                raise ModelStoreError(f"refusing to send the Hub token to {redact_url(url)}: it goes only over "
+                                      "https (or to a mirror on this host); set an https endpoint")
             request.add_header("Authorization", f"Bearer {self.token}")
         return _OPENER.open(request, timeout=self.timeout)
 
@@ -361,6 +393,10 @@ SOURCE_CLASSES: dict[str, type[Source]] = {
 def make_source(spec: dict, token: str | None, timeout: float, hf_client: dict | None = None) -> Source:
     kind = validate_source(spec)["type"]
     source = SOURCE_CLASSES[kind](spec, token, timeout)
+    if isinstance(source, HubSource) and token and not token_may_go_to(source.endpoint()):
+        # The Hub client (huggingface_hub) sends the token to the endpoint too: refused before either starts.
+        raise ModelStoreError(f"the Hub endpoint {redact_url(source.endpoint())} is not https: the token "
+                              "(model_store_hf_token) goes only over https, or to a mirror on this host")
     if isinstance(source, HubSource) and hf_client:
         source.client = {**HubSource.client, **hf_client}
     return source
