@@ -213,6 +213,18 @@ options:
     description: engine_service's state directory (C(state.json), C(releases/)); see the description. Unset - no
       record keeping.
     type: path
+  lock_file:
+    description:
+      - An exclusive lock on this file is held while the module stops and signals (not in check mode, nor with
+        O(report_only)), so two teardowns of one host, or a teardown beside a deploy's switch, never run at once.
+        Opened without following a link; refused when another user made it.
+    type: path
+    default: /run/lock/llm-serving-release.lock
+  lock_timeout_s:
+    description:
+      - Seconds to wait for the lock before failing, naming it and its holder, with nothing changed (0 - one try).
+    type: float
+    default: 120.0
 notes:
   - Check mode reports what would be signalled and removed and touches nothing.
   - Processes in other PID namespaces are invisible to C(/proc) here; their compute apps are reported as
@@ -400,6 +412,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.gpu_release.rele
     ReleaseError,
     release,
 )
+from ansible_collections.blackwell.serving.plugins.module_utils.host.lock import HostLockError, host_lock
 from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import NvidiaError
 
 
@@ -413,8 +426,12 @@ def main() -> None:
     if p["poll_interval_ms"] < 1:
         module.fail_json(msg="poll_interval_ms must be >= 1")
     try:
-        result = release(module)
-    except (ReleaseError, NvidiaError) as exc:
+        if module.check_mode or p["report_only"]:
+            result = release(module)
+        else:
+            with host_lock(p["lock_file"], p["lock_timeout_s"], "gpu_release"):
+                result = release(module)
+    except (ReleaseError, NvidiaError, HostLockError) as exc:
         module.fail_json(msg=str(exc))
     if "msg" in result:
         msg = result.pop("msg")

@@ -297,3 +297,27 @@ def test_without_cap_sys_ptrace_a_nested_engine_process_of_a_service_user_is_nam
         assert any(line.startswith(named) for line in summary), summary
     finally:
         os.kill(nested, 9)
+
+
+@in_new_pid_namespace
+def test_a_second_teardown_of_one_host_waits_for_the_first_then_fails_with_nothing_changed(sim, tmp_path):
+    """Two teardowns at once both stopped, signalled and wrote state.json; the second now meets the host lock (held
+    here as the first would hold it), fails naming it, and signals nothing; once it is free the teardown runs."""
+    import fcntl
+
+    lock = tmp_path / "release.lock"
+    (engine,) = sim.spawn(["sglang::scheduler_TP0"], {"open": sim.compute_files(1)})
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    os.pwrite(holder, f"{os.getpid()}\n".encode(), 0)
+    extravars = sim.extravars(gpu_release_grace_s=1, gpu_release_lock_file=str(lock), gpu_release_lock_timeout_s=0)
+    runner, _ = run_playbook(tmp_path, extravars)
+    text = " ".join(runner.stdout.split())
+    assert runner.rc != 0, text[-3000:]
+    assert (f"gpu_release: another release of this host's engines (a teardown, or a deploy's switch) holds {lock} "
+            f"(pid {os.getpid()}) and did not end within 0 s; nothing was changed.") in text, text[-3000:]
+    assert alive(engine) and changed_count(runner) == 0
+    os.close(holder)
+    runner, results = run_playbook(tmp_path, extravars)
+    assert runner.rc == 0, runner.stdout[-3000:]
+    assert not alive(engine) and release_result(results)["targets"][0]["pid"] == engine

@@ -98,6 +98,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "idle_memory_mib": {"type": "int", "default": 256},
     "wedged_window_s": {"type": "float", "default": 1.5},
     "state_dir": {"type": "path"},
+    "lock_file": {"type": "path", "default": "/run/lock/llm-serving-release.lock"},
+    "lock_timeout_s": {"type": "float", "default": 120.0},
 }
 
 
