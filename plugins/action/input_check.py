@@ -223,7 +223,7 @@ def _profile_rules(profile: dict, roster: dict[str, dict], inputs: EngineInputs)
         messages.append("port must be between 1 and 65535")
     for kind in ("model", "drafter"):
         if profile.get(kind):
-            messages += _model_path_problems(kind, str(profile[kind]["path"]))
+            messages += _model_path_problems(kind, str(profile[kind]["path"]), roster)
     if profile.get("speculative") and not profile.get("drafter"):
         messages.append("speculative is set but drafter is null: speculation needs a drafter")
     if profile.get("trust_remote_code"):
@@ -239,16 +239,18 @@ def _profile_rules(profile: dict, roster: dict[str, dict], inputs: EngineInputs)
 SYSTEM_DIRECTORIES = frozenset(("/", "/var", "/var/lib", "/var/cache", "/home", "/root", "/opt", "/srv", "/tmp",
                                 "/mnt", "/media"))
 SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev", "/proc",
-                "/sys", "/run", "/var/lib/llm-serving", "/var/lib/sglang", "/var/lib/vllm", "/var/log")
+                "/sys", "/run", "/var/lib/llm-serving", "/var/log")
 
 
-def _model_path_problems(kind: str, path: str) -> list[str]:
+def _model_path_problems(kind: str, path: str, roster: dict[str, dict]) -> list[str]:
     if not path.startswith("/"):
         return [f"{kind}.path must be absolute, got {path}"]
     normal = posixpath.normpath(path)
     if normal != (path.rstrip("/") or "/") or path.startswith("//"):
         return [f"{kind}.path {path} is not a plain path (`.`, `..` or `//` in it): write it as {normal}"]
-    tree = next((t for t in SYSTEM_TREES if normal == t or normal.startswith(t + "/")), None)
+    # and each engine's service user's home (its JIT caches): /var/lib/<service_user>
+    trees = (*SYSTEM_TREES, *(f"/var/lib/{entry['service_user']}" for entry in roster.values()))
+    tree = next((t for t in trees if normal == t or normal.startswith(t + "/")), None)
     if normal in SYSTEM_DIRECTORIES or tree:
         where = f"under {tree}" if tree else "a system directory"
         return [f"{kind}.path {path} is {where}: the model store makes a model directory root-owned and readable "

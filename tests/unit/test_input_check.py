@@ -605,6 +605,7 @@ def test_a_roster_key_variable_that_is_not_a_no_log_option_of_its_role_is_refuse
 @pytest.mark.parametrize(("path", "said"), [
     ("/var/lib/llm-serving", "is under /var/lib/llm-serving"),
     ("/var/lib/llm-serving/releases/x", "is under /var/lib/llm-serving"),
+    ("/var/lib/vllm/models", "is under /var/lib/vllm"),  # a service user's home (the roster's service_user)
     ("/etc", "is under /etc"), ("/usr/share/models", "is under /usr"), ("/", "is a system directory"),
     ("/var/lib", "is a system directory"), ("/home", "is a system directory"), ("/root", "is a system directory"),
     ("/srv/models/../../etc", "is not a plain path"), ("/srv//models", "is not a plain path"),
