@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
@@ -27,6 +26,7 @@ from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_inputs im
     GuardFileError,
     flag_key,
     read_guards,
+    refusing_environment_guard,
     truthy,
 )
 
@@ -111,8 +111,7 @@ def engine_environment_problems(environment: Mapping, entry: Mapping, roles_dir:
     guards = _guards(entry, Path(roles_dir) if roles_dir else ROLES_DIR)[1]
     problems = []
     for variable, value in environment.items():
-        guard = next((g for g in guards if any(fnmatchcase(str(variable), name) for name in g.names)
-                      and g.refuses(value)), None)
+        guard = refusing_environment_guard(guards, variable, value)
         if guard is not None:
             problems.append(guard.message(f"{entry['name']}'s environment {variable}", value))
     return problems

@@ -211,13 +211,18 @@ def option_problems(options: dict[str, Any], roster: dict[str, dict], inputs: En
     return messages
 
 
+def refusing_environment_guard(guards: list[Guard], variable: Any, value: Any) -> Guard | None:
+    """The first guard whose names (globs) match `variable` and that refuses `value`, or None."""
+    return next((guard for guard in guards if any(fnmatchcase(str(variable), pattern) for pattern in guard.names)
+                 and guard.refuses(value)), None)
+
+
 def environment_problems(values: dict[str, Any], roster: dict[str, dict], inputs: EngineInputs) -> list[str]:
     """Variables of the engines' environment mappings that take a guard away, as given."""
     messages = []
     for engine, name, mapping in _engine_mappings(values, roster, "_environment"):
         for variable, value in mapping.items():
-            for guard in inputs.environment.get(engine, []):
-                if any(fnmatchcase(str(variable), pattern) for pattern in guard.names) and guard.refuses(value):
-                    messages.append(guard.message(f"{name}.{variable}", value))
-                    break
+            guard = refusing_environment_guard(inputs.environment.get(engine, []), variable, value)
+            if guard is not None:
+                messages.append(guard.message(f"{name}.{variable}", value))
     return messages
