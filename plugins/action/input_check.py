@@ -56,6 +56,7 @@ from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_inputs im
     option_problems,
 )
 from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import RosterError, load_roster
+from ansible_collections.blackwell.serving.plugins.plugin_utils.parallel_layout import engine_problems, general_problems
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 CHECK_ROLE = "input_check"
@@ -216,9 +217,7 @@ def _unknown_keys(value: Any, schema: dict, path: str) -> list[str]:
 
 def _profile_rules(profile: dict, roster: dict[str, dict], inputs: EngineInputs) -> list[str]:
     """What types cannot say: ranges, absolute paths, speculation needs a drafter, the engines' option keys."""
-    messages = []
-    if profile["tensor_parallel_size"] < 1:
-        messages.append("tensor_parallel_size must be at least 1")
+    messages = general_problems(profile)
     if not 1 <= profile["port"] <= 65535:
         messages.append("port must be between 1 and 65535")
     for kind in ("model", "drafter"):
@@ -417,12 +416,20 @@ def missing_profile(name: str, profiles: dict, variable: str) -> list[str]:
             + (f"; did you mean {hint}?" if hint else "")]
 
 
+def engine_profile_problems(name: str, profile: dict, engine: str, roster: dict[str, dict]) -> list[str]:
+    """What the engine that is to serve the profile refuses of it: its parallel layout, by the roster's rules."""
+    if engine not in roster:
+        return [f"engine {engine} is not in the engine roster (known: {', '.join(roster)})"]
+    return [f"profile {name} on {engine}: {m}" for m in engine_problems(profile, roster[engine])]
+
+
 class ActionModule(ActionBase):
-    """See the module docstring; options: variables (bool), profiles (dict), profile (str)."""
+    """See the module docstring; options: variables (bool), profiles (dict), profile (str), engine (str: the
+    engine that serves `profile`, whose own rules then apply to it too)."""
 
     TRANSFERS_FILES = False
     _requires_connection = False
-    _VALID_ARGS = frozenset(("variables", "profiles", "profile"))
+    _VALID_ARGS = frozenset(("variables", "profiles", "profile", "engine"))
 
     def _host_variables(self, task_vars: dict) -> tuple[dict, dict]:
         """The host's own variables: names → raw values, and a reader that templates one on demand."""
@@ -452,6 +459,26 @@ class ActionModule(ActionBase):
             if value is not None:
                 versions[engine] = str(value)
         return versions
+
+    def _profile_errors(self, args: dict, task_vars: dict, catalog: Catalog, roster: dict[str, dict],
+                        inputs: EngineInputs) -> tuple[dict, list[str]]:
+        """The profiles as checked (optional keys filled in) and what is wrong with them, with the requested profile
+        (`profile`) checked by the rules of the engine that serves it (`engine`)."""
+        profiles = args.get("profiles", task_vars.get("engine_profiles"))
+        if profiles is None:
+            return {}, ([f"profile {args['profile']} requested but engine_profiles is not defined"]
+                        if args.get("profile") is not None else [])
+        profiles = self._templar.template(profiles)
+        normalized, errors = check_profiles(profiles, catalog.profile_schema, roster, inputs)
+        if args.get("variables", True) and isinstance(profiles, dict) and "engine_profile" in task_vars:
+            errors += missing_profile(str(self._templar.template(task_vars["engine_profile"])), profiles,
+                                      "engine_profile")
+        if args.get("profile") is not None and not errors:
+            errors += missing_profile(str(args["profile"]), profiles, "profile")
+            if not errors and args.get("engine") is not None:
+                errors += engine_profile_problems(str(args["profile"]), normalized[args["profile"]],
+                                                  str(args["engine"]), roster)
+        return normalized, errors
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         task_vars = task_vars or {}
@@ -496,20 +523,8 @@ class ActionModule(ActionBase):
             if "engine_profile" in raw:
                 errors += bad_profile_name(str(self._templar.template(raw["engine_profile"])))
 
-        profiles = args.get("profiles", task_vars.get("engine_profiles"))
-        normalized: dict = {}
-        if profiles is not None:
-            profiles = self._templar.template(profiles)
-            normalized, profile_errors = check_profiles(profiles, catalog.profile_schema, roster, inputs)
-            errors += profile_errors
-            if args.get("variables", True) and isinstance(profiles, dict) and "engine_profile" in task_vars:
-                errors += missing_profile(str(self._templar.template(task_vars["engine_profile"])), profiles,
-                                          "engine_profile")
-            if args.get("profile") is not None and not profile_errors:
-                errors += missing_profile(str(args["profile"]), profiles, "profile")
-        elif args.get("profile") is not None:
-            errors.append(f"profile {args['profile']} requested but engine_profiles is not defined")
-
+        normalized, profile_errors = self._profile_errors(args, task_vars, catalog, roster, inputs)
+        errors += profile_errors
         if errors:
             result.update(failed=True,
                           msg=f"{len(errors)} input error(s), nothing was changed:\n" + "\n".join(errors))

@@ -57,13 +57,15 @@ def _guards(entry: Mapping, roles_dir: Path) -> tuple[list, list]:
 
 def _reserved_problems(flags: Mapping, entry: Mapping, expected: Mapping) -> list[str]:
     """Keys are compared as the parsers read them (`trust_remote_code` is `trust-remote-code`): every spelling of a
-    reserved flag among the merged flags must hold the expected value."""
+    reserved flag among the merged flags (the roster's `flag_aliases` too: SGLang's `ep` is `ep-size`) must hold the
+    expected value."""
     problems = []
     for flag, setter in entry["reserved_flags"].items():
         if flag not in expected:
             raise AnsibleFilterError(f"engine_guard_problems: the role gives no value for the reserved flag {flag} "
                                      f"({setter}) of {entry['name']}")
-        given = [(key, value) for key, value in flags.items() if flag_key(key) == flag_key(flag)]
+        spellings = {flag_key(flag)} | {flag_key(alias) for alias in entry["flag_aliases"].get(flag, [])}
+        given = [(key, value) for key, value in flags.items() if flag_key(key) in spellings]
         if isinstance(expected[flag], bool):  # a switch: absent (dropped when false) is false
             wrong = [(key, value) for key, value in given if truthy(value) is not expected[flag]]
             if expected[flag] and not given:

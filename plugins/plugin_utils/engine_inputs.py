@@ -15,9 +15,11 @@ the variables it names: the option mappings (a profile's ``<engine>_options``, `
   longer runs, a route that serves without a key, a key written somewhere), each with the condition, why, the
   upstream file and the way out.
 
-The roster's ``reserved_flags`` are flags the role sets from variables (the bind address, the port): never in
-options. Keys are compared normalised, ``_`` and ``-`` alike (vLLM's parser takes both spellings), before any
-``.`` (vLLM's ``--compilation-config.mode`` sets one field of a JSON flag).
+The roster's ``reserved_flags`` are flags the role sets from variables (the bind address, the port, the parallel
+layout), in every spelling its ``flag_aliases`` name: never in options. Keys are compared normalised, ``_`` and ``-``
+alike (vLLM's parser takes both spellings), before any ``.`` (vLLM's ``--compilation-config.mode`` sets one field of a
+JSON flag). ``files/refused-flags-<version>.yml``, where a role has one, names flags of the parser that the way the
+role serves the engine cannot pass (SGLang's config reader refuses some), each with what to write instead.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import reserved_spellings
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 FLAG_LIST = "files/flags-{version}.txt"
+REFUSED_LIST = "files/refused-flags-{version}.yml"
 GUARDS_FILE = "files/guarded_inputs.yml"
 GUARD_KEYS = {"name", "aliases", "refused_when", "why", "upstream", "way_out"}
 FALSE_WORDS = {"", "0", "false", "no", "n", "off", "f", "none"}
@@ -69,13 +73,25 @@ class Guard:
         return f"{where} is {shown}: {self.why}; see {self.upstream}; way out: {self.way_out}"
 
 
+@dataclass(frozen=True)
+class RefusedFlags:
+    """Flags of the parser that the way the role serves the engine cannot take (SGLang's config reader refuses some),
+    each with what to write instead (None: nothing), why, and where upstream says so."""
+
+    flags: dict[str, str | None]
+    why: str
+    upstream: str
+
+
 @dataclass
 class EngineInputs:
-    """Per engine: its flag list (version, names) or None, and its guarded options and environment."""
+    """Per engine: its flag list (version, names) or None, the flags its role cannot pass, and its guarded options
+    and environment."""
 
     flags: dict[str, tuple[str, frozenset[str]] | None] = field(default_factory=dict)
     options: dict[str, list[Guard]] = field(default_factory=dict)
     environment: dict[str, list[Guard]] = field(default_factory=dict)
+    refused: dict[str, RefusedFlags | None] = field(default_factory=dict)
 
 
 def flag_key(key: Any) -> str:
@@ -107,6 +123,24 @@ def read_flag_list(path: Path) -> frozenset[str] | None:
     except OSError as exc:
         raise GuardFileError(f"cannot read the flag list {path}: {exc}") from exc
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def read_refused_flags(path: Path) -> RefusedFlags | None:
+    """A role's refused-flags file ({why, upstream, flags: {flag: instead or null}}), or None when there is none."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, yaml.YAMLError) as exc:
+        raise GuardFileError(f"cannot read {path}: {exc}") from exc
+    flags = data.get("flags") if isinstance(data, dict) else None
+    if (not isinstance(data, dict) or set(data) != {"why", "upstream", "flags"} or not isinstance(flags, dict)
+            or not all(isinstance(v, str) for v in (data["why"], data["upstream"]))
+            or not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in flags.items())):
+        raise GuardFileError(f"{path}: a mapping of why, upstream (strings) and flags (flag: what to write instead, "
+                             "or null)")
+    return RefusedFlags({flag_key(k): v for k, v in flags.items()}, " ".join(data["why"].split()),
+                        " ".join(data["upstream"].split()))
 
 
 def _guard(entry: Any, where: str) -> Guard:
@@ -167,6 +201,8 @@ def load_engine_inputs(roster: dict[str, dict], versions: dict[str, str], roles_
         version = versions.get(engine)
         names = read_flag_list(role_dir / FLAG_LIST.format(version=version)) if version else None
         inputs.flags[engine] = (version, names) if names is not None else None
+        refused = role_dir / REFUSED_LIST.format(version=version)
+        inputs.refused[engine] = read_refused_flags(refused) if version else None
         inputs.options[engine], inputs.environment[engine] = read_guards(role_dir / GUARDS_FILE)
     return inputs
 
@@ -192,9 +228,10 @@ def option_problems(options: dict[str, Any], roster: dict[str, dict], inputs: En
     for engine, name, mapping in _engine_mappings(options, roster, "_options"):
         entry = roster[engine]
         secret = {flag_key(flag) for flag in entry["secret_flags"]}
-        reserved = {flag_key(flag): (flag, what) for flag, what in entry["reserved_flags"].items()}
+        reserved = {flag_key(spelling): (flag, entry["reserved_flags"][flag])
+                    for spelling, flag in reserved_spellings(entry).items()}
         guards = {flag_key(alias): guard for guard in inputs.options.get(engine, []) for alias in guard.names}
-        flags = inputs.flags.get(engine)
+        flags, refused = inputs.flags.get(engine), inputs.refused.get(engine)
         for key, value in mapping.items():
             flag = flag_key(key)
             if flag in secret:
@@ -202,6 +239,9 @@ def option_problems(options: dict[str, Any], roster: dict[str, dict], inputs: En
             if flag in reserved:
                 messages.append(f"{name}.{key}: {reserved[flag][0]} is set by {reserved[flag][1]}, never by an option "
                                 "(the unit, the no-key refusal off loopback and verify read that): set it there")
+            elif refused is not None and flag in refused.flags:
+                messages.append(f"{name}.{key}: {refused.why}; see {refused.upstream}; "
+                                + _instead(refused.flags[flag], reserved))
             elif flags is not None and flag not in flags[1]:
                 hint = _closest(flag, flags[1])
                 messages.append(f"{name}.{key} is not a flag of {engine} {flags[0]} (roles/{entry['role']}/"
@@ -209,6 +249,16 @@ def option_problems(options: dict[str, Any], roster: dict[str, dict], inputs: En
             elif flag in guards and guards[flag].refuses(value):
                 messages.append(guards[flag].message(f"{name}.{key}", value))
     return messages
+
+
+def _instead(replacement: str | None, reserved: dict[str, tuple[str, str]]) -> str:
+    """What to write instead of a refused flag: the engine's own word for it, and the variable that sets it when
+    that flag is reserved (SGLang's `--attn-dp-size` is the profile's attention_data_parallel_size)."""
+    if replacement is None:
+        return "no key of the file sets it: leave it out"
+    new_flag = flag_key(re.split(r"[\s=]", replacement.strip(), maxsplit=1)[0])
+    setter = f" (set by {reserved[new_flag][1]})" if new_flag in reserved else ""
+    return f"use {replacement} instead{setter}"
 
 
 def refusing_environment_guard(guards: list[Guard], variable: Any, value: Any) -> Guard | None:

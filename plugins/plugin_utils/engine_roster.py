@@ -16,13 +16,15 @@ from typing import Any
 
 import yaml
 from ansible_collections.blackwell.serving.plugins.module_utils.engine.metrics import scheme_problems
+from ansible_collections.blackwell.serving.plugins.plugin_utils.parallel_layout import roster_layout_problems
 
 ROSTER_FILE = Path(__file__).resolve().parents[2] / "meta" / "engines.yml"
 ENGINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # key -> type; every key is required (an engine without a value says so: "", [] or false).
 FIELDS: dict[str, type] = {
     "role": str, "playbook": str, "unit": str, "service_user": str, "process_patterns": list, "shm_patterns": list,
-    "env_prefixes": list, "secret_flags": list, "reserved_flags": dict, "api_key_variable": str,
+    "env_prefixes": list, "secret_flags": list, "reserved_flags": dict, "flag_aliases": dict, "layout": dict,
+    "api_key_variable": str,
     "distinct_secrets": list, "nodes_group_variable": str, "readiness_timeout_s": int, "generating_routes": list,
     "admin_routes": list, "reasoning_field": str, "server_info": bool, "key_guard_hint": str,
     "unguarded_route_hint": str, "drain": bool, "metrics": dict,
@@ -74,7 +76,34 @@ def check_entry(name: str, entry: Any) -> list[str]:
                      for pattern in entry["shm_patterns"] if not _shm_pattern_ok(pattern)]
         problems += [f"{name}.reserved_flags.{flag} must name what sets the flag (a non-empty string)"
                      for flag, what in entry["reserved_flags"].items() if not isinstance(what, str) or not what]
+        problems += _alias_problems(name, entry)
+        problems += roster_layout_problems(name, entry["layout"])
     return problems
+
+
+def _alias_problems(name: str, entry: dict) -> list[str]:
+    """Aliases name other spellings of a reserved flag: a list of strings, each the alias of one flag only."""
+    problems, seen = [], {}
+    for flag, aliases in entry["flag_aliases"].items():
+        if flag not in entry["reserved_flags"]:
+            problems.append(f"{name}.flag_aliases.{flag} is not a reserved flag (aliases keep a reserved flag's "
+                            "other spellings to the same value)")
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+            problems.append(f"{name}.flag_aliases.{flag} must be a list of flag names")
+            continue
+        for alias in aliases:
+            if alias in seen or alias in entry["reserved_flags"]:
+                problems.append(f"{name}.flag_aliases: {alias} is named twice")
+            seen[alias] = flag
+    return problems
+
+
+def reserved_spellings(entry: dict) -> dict[str, str]:
+    """Every spelling of each reserved flag (the flag itself and its aliases) -> the reserved flag."""
+    spellings = {flag: flag for flag in entry["reserved_flags"]}
+    for flag, aliases in entry["flag_aliases"].items():
+        spellings.update({alias: flag for alias in aliases})
+    return spellings
 
 
 def check_roster(data: Any) -> dict[str, dict]:

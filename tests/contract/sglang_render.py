@@ -13,6 +13,7 @@ Keys, from (later sources override earlier ones, as the role's `combine` does):
     tokenizer-path                profile.tokenizer, else profile.model.path
     served-model-name             profile.served_model_name
     tp-size                       profile.tensor_parallel_size (required by the profile schema)
+    dp-size, attn-dp-size, ep-size  profile.data_parallel_size, attention_data_parallel_size, expert_parallel_size (1)
     host                          defaults.sglang_listen_address
     port                          profile.port (required by the profile schema)
     context-length                profile.context_length
@@ -23,6 +24,7 @@ Keys, from (later sources override earlier ones, as the role's `combine` does):
     speculative-num-steps         profile.speculative.num_steps       }
     speculative-eagle-topk        profile.speculative.eagle_topk      }
     speculative-num-draft-tokens  profile.speculative.num_draft_tokens}
+    speculative-draft-model-quantization  unquant when profile.quantization is set (with speculation)
     <defaults.sglang_default_options>, then <profile.sglang_options>, then <defaults.sglang_extra_options>
     api-key                       defaults.sglang_api_key, when non-empty
 A key whose value is null or false is left out (false drops a switch, as in the role).
@@ -62,6 +64,9 @@ def render_options(profile: dict[str, Any], overrides: dict[str, Any] | None = N
         "tokenizer-path": profile.get("tokenizer") or model_path,
         "served-model-name": profile["served_model_name"],
         "tp-size": int(profile["tensor_parallel_size"]),
+        "dp-size": int(profile.get("data_parallel_size") or 1),
+        "attn-dp-size": int(profile.get("attention_data_parallel_size") or 1),
+        "ep-size": int(profile.get("expert_parallel_size") or 1),
         "host": settings["sglang_listen_address"],
         "port": int(profile["port"]),
         "context-length": profile.get("context_length"),
@@ -78,6 +83,7 @@ def render_options(profile: dict[str, Any], overrides: dict[str, Any] | None = N
             "speculative-num-steps": int(speculative["num_steps"]),
             "speculative-eagle-topk": int(speculative["eagle_topk"]),
             "speculative-num-draft-tokens": int(speculative["num_draft_tokens"]),
+            "speculative-draft-model-quantization": "unquant" if profile.get("quantization") else None,
         }
     options |= settings["sglang_default_options"] or {}
     options |= profile.get("sglang_options") or {}

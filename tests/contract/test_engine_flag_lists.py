@@ -61,6 +61,20 @@ def test_the_flag_list_is_the_pinned_parsers(engine: str) -> None:
     assert committed == generated, f"{listed.relative_to(REPO)} differs from the real parser:\n{diff}\n{regenerate}"
 
 
+def test_the_keys_sglangs_config_reader_refuses_are_the_pinned_readers() -> None:
+    """The input check refuses what SGLang's --config reader would refuse at start-up (the role serves from that
+    file), naming the replacement: the list must be what the real reader of the pinned version refuses."""
+    python, version = _venv("sglang")
+    listed = REPO / "roles" / "sglang" / "files" / f"refused-flags-{version}.yml"
+    generated = _run(python, str(GENERATOR), "sglang", "--refused")
+    refused = yaml.safe_load(generated)["flags"]
+    assert refused["enable-dp-attention"] == "--attn-dp-size <dp-size>"
+    assert refused["disable-cuda-graph"].startswith("--cuda-graph-backend-")
+    assert listed.is_file() and listed.read_text(encoding="utf-8") == generated, (
+        f"{listed.relative_to(REPO)} differs from the real reader: regenerate it with <sglang {version} contract "
+        f"venv>/bin/python tests/contract/engine_flag_names.py sglang --refused > {listed.relative_to(REPO)}")
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_each_guard_cites_files_of_the_pinned_package_that_hold_the_names_cited(engine: str) -> None:
     python, version = _venv(engine)

@@ -105,6 +105,9 @@ def test_profile_config_passes_the_real_parser(checked: dict[str, dict[str, Any]
     assert parsed["abbreviations"] is False
     assert parsed["model_path"] == profile["model"]["path"]
     assert parsed["tp_size"] == profile["tensor_parallel_size"]
+    for key, field in (("data_parallel_size", "dp_size"), ("attention_data_parallel_size", "attn_dp_size"),
+                       ("expert_parallel_size", "ep_size")):
+        assert parsed[field] == profile.get(key, 1), key
     assert parsed["served_model_name"] == profile["served_model_name"]
     assert parsed["context_length"] == profile["context_length"]
     assert parsed["port"] == profile["port"]

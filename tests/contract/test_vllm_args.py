@@ -78,6 +78,8 @@ def role_argv(profile: dict) -> list[str]:
         "served-model-name": profile["served_model_name"],
         "tokenizer": profile.get("tokenizer") or profile["model"]["path"],
         "tensor-parallel-size": int(profile["tensor_parallel_size"]),
+        "data-parallel-size": int(profile.get("data_parallel_size") or 1),
+        "enable-expert-parallel": int(profile.get("expert_parallel_size") or 1) > 1,
         "host": defaults["vllm_listen_address"],
         "port": int(profile["port"]),
         "max-model-len": profile.get("context_length"),
@@ -96,7 +98,18 @@ def role_argv(profile: dict) -> list[str]:
 
 
 def production_profiles() -> dict[str, dict]:
-    return yaml.safe_load(MODELS_FILE.read_text())["engine_profiles"]
+    """The example profiles the vllm role takes: its input check refuses the others (a layout vLLM has not)."""
+    from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import load_roster
+    from ansible_collections.blackwell.serving.plugins.plugin_utils.parallel_layout import engine_problems
+
+    vllm = load_roster()["vllm"]
+    return {name: profile for name, profile in yaml.safe_load(MODELS_FILE.read_text())["engine_profiles"].items()
+            if not engine_problems(profile, vllm)}
+
+
+def test_the_example_profiles_vllm_refuses_are_the_attention_data_parallel_one() -> None:
+    every = yaml.safe_load(MODELS_FILE.read_text())["engine_profiles"]
+    assert sorted(set(every) - set(production_profiles())) == ["kimi-k25-int4-attndp2-ep8"]
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +161,8 @@ def test_every_production_profile_renders_an_argv_the_parser_accepts(batch: dict
     assert result["ok"], result.get("error")
     profile = production_profiles()[name]
     assert result["non_default"].get("tensor_parallel_size", 1) == profile["tensor_parallel_size"]
+    assert result["non_default"].get("data_parallel_size", 1) == profile.get("data_parallel_size", 1)
+    assert result["non_default"].get("enable_expert_parallel", False) is (profile.get("expert_parallel_size", 1) > 1)
     if profile.get("speculative"):
         assert result["non_default"]["speculative_config"]["method"] == "eagle3"
 

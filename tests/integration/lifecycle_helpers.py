@@ -45,8 +45,15 @@ def build_profiles() -> dict:
     pcie_ipc = {**copy.deepcopy(profiles["sandbox-tiny"]), "sglang_pcie_ipc_allreduce": True}
     pcie_ipc_tp1 = copy.deepcopy(pcie_ipc)
     pcie_ipc["tensor_parallel_size"] = 2
+    # Layouts beyond tensor parallelism (docs/layouts.md): their GPUs are tensor x data, on 8 simulated GPUs.
+    expert = {**copy.deepcopy(profiles["sandbox-tiny"]), "tensor_parallel_size": 2, "expert_parallel_size": 2,
+              "attention_data_parallel_size": 2}
+    replicas = {**copy.deepcopy(profiles["sandbox-tiny"]), "tensor_parallel_size": 2, "data_parallel_size": 2,
+                "expert_parallel_size": 4}
+    too_wide = {**copy.deepcopy(profiles["sandbox-tiny"]), "tensor_parallel_size": 4, "data_parallel_size": 4}
     profiles.update({"sandbox-missing-model": missing, "sandbox-port-31000": stranger_port,
-                     "sandbox-pcie-ipc-tp2": pcie_ipc, "sandbox-pcie-ipc-tp1": pcie_ipc_tp1})
+                     "sandbox-pcie-ipc-tp2": pcie_ipc, "sandbox-pcie-ipc-tp1": pcie_ipc_tp1,
+                     "sandbox-attn2-ep2": expert, "sandbox-dp2-ep4": replicas, "sandbox-tp4-dp4": too_wide})
     return profiles
 
 

@@ -28,6 +28,7 @@ from tests.integration.lifecycle_helpers import (
     deploy,
     inventory_vars,
     main_pid,
+    play_failure,
     release,
     what_boots,
 )
@@ -79,6 +80,33 @@ def test_pcie_ipc_allreduce_setting_reaches_the_unit_environment_and_refuses_a_t
     runs.append(refused)
     assert refused.rc != 0
     assert "serves only a single-node tensor-parallel group of 2, 4 or 8 GPUs" in " ".join(refused.stdout.split())
+    assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
+
+
+def test_the_preflight_counts_the_gpus_of_the_profiles_layout(host, runs):
+    """Check mode: the preflight's GPU count is the layout's (tensor x data, attention groups inside the tensor group),
+    said with the layout; vLLM's argv gets the data and expert flags from the profile's keys; a layout wider than the
+    host's 8 GPUs stops in the preflight, nothing changed."""
+    sglang = host.run_playbook("playbooks/deploy_sglang.yml", check=True,
+                               extravars={"engine_profile": "sandbox-attn2-ep2"})
+    runs.append(sglang)
+    flat = " ".join(sglang.stdout.split())
+    assert sglang.rc == 0, play_failure(sglang.stdout)
+    assert "the profile needs 2 GPU(s) (tensor 2 x data 1; attention data 2; expert 2)" in flat, flat[-3000:]
+    vllm = host.run_playbook("playbooks/deploy_vllm.yml", check=True, extravars={"engine_profile": "sandbox-dp2-ep4"})
+    runs.append(vllm)
+    flat = " ".join(vllm.stdout.split())
+    assert vllm.rc == 0, play_failure(vllm.stdout)
+    assert "the profile needs 4 GPU(s) (tensor 2 x data 2; expert 4)" in flat, flat[-3000:]
+    assert "--tensor-parallel-size 2 --data-parallel-size 2 --enable-expert-parallel --host" in flat, flat[-3000:]
+    assert ('"layout": { "attention_data_parallel_size": 1, "data_parallel_size": 2, "expert_parallel_size": 4, '
+            '"gpus_per_node": 4, "nnodes": 1, "tensor_parallel_size": 2, "world_size": 4 }') in flat.replace("+ ", ""), \
+        flat[-3000:]
+    wide = host.run_playbook("playbooks/deploy_sglang.yml", check=True, extravars={"engine_profile": "sandbox-tp4-dp4"})
+    runs.append(wide)
+    flat = " ".join(wide.stdout.split())
+    assert wide.rc != 0
+    assert "8 GPU(s) with driver" in flat and "the profile needs 16 GPU(s) (tensor 4 x data 4)" in flat, flat[-3000:]
     assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
 
 

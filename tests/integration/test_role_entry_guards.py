@@ -34,6 +34,22 @@ CASES = {
                         "vllm's environment VLLM_SERVER_DEV_MODE is \"1\": vLLM then adds its development routes"),
     "vllm-remote-code": ("vllm", {"vllm_extra_options": {"trust-remote-code": True}},
                          "vllm would get trust-remote-code True after the options are merged, not False"),
+    # SGLang's `ep` is its ep-size: an option in any spelling must not widen the experts past the profile's layout,
+    # which the GPU count, the proof and the release document read.
+    "sglang-expert-alias": ("sglang", {"sglang_extra_options": {"ep": 2}},
+                            "sglang would get ep 2 after the options are merged, not 1 (the profile's "
+                            "expert_parallel_size)"),
+}
+TINY = yaml.safe_load((REPO / "inventory" / "sandbox" / "group_vars" / "all" / "models.yml").read_text())[
+    "engine_profiles"]["sandbox-tiny"]
+PROFILE_TASK = "vllm : Read the profile as the one profile schema checks it (roles/input_check, entry point profile)"
+# A layout the serving engine has not: refused by the engine's own rule at the role's first check of its profile.
+PROFILE_CASES = {
+    "vllm-attention-groups": ("vllm", {"engine_profiles": {"attn": {**TINY, "tensor_parallel_size": 2,
+                                                                   "attention_data_parallel_size": 2}},
+                                       "vllm_profile": "attn"},
+                              "profile attn on vllm: attention_data_parallel_size 2: vllm has no attention data "
+                              "parallelism inside a tensor parallel group"),
 }
 
 
@@ -46,7 +62,7 @@ def runs(tmp_path_factory) -> dict[str, PlaybookRun]:
     (inventory / "group_vars" / "all").symlink_to(REPO / "inventory" / "sandbox" / "group_vars" / "all")
 
     def run(case: str) -> PlaybookRun:
-        engine, play_vars, _ = CASES[case]
+        engine, play_vars, _ = {**CASES, **PROFILE_CASES}[case]
         playbook = work / f"{case}.yml"
         playbook.write_text(yaml.safe_dump([{
             "name": f"Call the {engine} role directly, its inputs in the play's vars",
@@ -57,8 +73,9 @@ def runs(tmp_path_factory) -> dict[str, PlaybookRun]:
         return run_playbook(playbook, inventory, check=True, workdir=work, timeout=300,
                             envvars={"ANSIBLE_LOCAL_TEMP": str(work / "tmp")})
 
+    cases = [*CASES, *PROFILE_CASES]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(zip(CASES, pool.map(run, CASES), strict=True))
+        return dict(zip(cases, pool.map(run, cases), strict=True))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -71,3 +88,13 @@ def test_the_role_refuses_what_its_play_vars_bring_before_it_changes_anything(ru
     assert result.recap("localhost")["failed"] == 1 and result.recap("localhost")["changed"] == 0, text[-2000:]
     failed = [r for r in result.task_events_results() if r["_event"] == "runner_on_failed"]
     assert [r["_task"] for r in failed] == [GUARD_TASK.split(" : ", 1)[1]], json.dumps(failed)[:2000]
+
+
+@pytest.mark.parametrize("case", PROFILE_CASES)
+def test_a_layout_the_engine_has_not_is_refused_at_the_roles_first_check(runs, case: str) -> None:
+    result = runs[case]
+    text = " ".join(result.stdout.split())
+    assert result.rc == 2, text[-3000:]
+    assert PROFILE_CASES[case][2] in text, text[-3000:]
+    assert result.tasks_started[-1] == PROFILE_TASK, result.tasks_started
+    assert result.recap("localhost")["failed"] == 1 and result.recap("localhost")["changed"] == 0, text[-2000:]

@@ -70,5 +70,34 @@ def test_every_engine_reserves_its_bind_address_port_and_remote_code_to_variable
     """An option must not move the engine off the address and port that the unit, the no-key refusal and verify read,
     nor run the checkpoint's code where the profile (held to a reviewed commit) does not say so."""
     for name, entry in ROSTER.items():
-        assert entry["reserved_flags"] == {"host": f"{name}_listen_address", "port": "the profile's port",
-                                           "trust-remote-code": "the profile's trust_remote_code"}, name
+        kept = {flag: what for flag, what in entry["reserved_flags"].items() if "parallel_size" not in what}
+        assert kept == {"host": f"{name}_listen_address", "port": "the profile's port",
+                        "trust-remote-code": "the profile's trust_remote_code"}, name
+
+
+LAYOUT_KEYS = {"tensor_parallel_size", "data_parallel_size", "expert_parallel_size"}
+
+
+def test_every_engine_reserves_the_flags_of_the_parallel_layout_to_the_profile_keys():
+    """The preflight's GPU count, the proof's world and the release document follow the profile's layout keys: no
+    option may set the engine's tensor, data or expert parallel flags past them, in any spelling the parser takes."""
+    for name, entry in ROSTER.items():
+        setters = {what.removeprefix("the profile's ") for what in entry["reserved_flags"].values()}
+        assert setters >= LAYOUT_KEYS, name
+    assert ROSTER["sglang"]["flag_aliases"]["ep-size"] == ["expert-parallel-size", "ep"]
+    assert er.reserved_spellings(ROSTER["sglang"])["ep"] == "ep-size"
+
+
+def test_aliases_of_flags_that_are_not_reserved_or_named_twice_are_refused():
+    entry = {**ROSTER["sglang"], "flag_aliases": {"tp-size": ["tp"], "nnodes": ["n"], "ep-size": ["tp"]}}
+    entry.pop("name")
+    problems = er.check_entry("sglang", entry)
+    assert "sglang.flag_aliases.nnodes is not a reserved flag" in " ".join(problems)
+    assert "sglang.flag_aliases: tp is named twice" in " ".join(problems)
+
+
+def test_a_layout_rule_the_layout_code_does_not_know_is_refused():
+    entry = {**ROSTER["vllm"], "layout": {**ROSTER["vllm"]["layout"], "expert_parallel": "sometimes"}}
+    entry.pop("name")
+    assert any("layout.expert_parallel must be one of divides_tensor, whole_world" in p
+               for p in er.check_entry("vllm", entry))

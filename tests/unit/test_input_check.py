@@ -158,9 +158,10 @@ def test_the_example_remote_code_profiles_wait_for_a_reviewed_commit() -> None:
         f"profile {name}: trust_remote_code is true, so the Python files of {repo} run on the host, but {kind}.source"
         ".revision is not set (main), not a commit id (a branch or tag can move under the same name): set it to the "
         "40-character commit id whose code you reviewed (the Hub's 'Files and versions' history)"
-        for name, kind, repo in [("kimi-k25-int4-eagle3", "model", "moonshotai/Kimi-K2.5"),
-                                 ("kimi-k25-int4-eagle3", "drafter", "AQ-MedAI/Kimi-K25-eagle3"),
-                                 ("kimi-k25-int4", "model", "moonshotai/Kimi-K2.5")]]
+        for name in PROFILES["production"] if PROFILES["production"][name]["trust_remote_code"]
+        for kind, repo in [(kind, PROFILES["production"][name][kind]["source"]["repo"]) for kind in ("model", "drafter")
+                           if PROFILES["production"][name][kind]]]
+    assert len(errors) == 9  # 7 Kimi profiles, 2 of them with a drafter
 
 
 @pytest.mark.parametrize(("revision", "refused"), [("main", True), ("v1.0", True), (REVIEWED.upper(), True),
@@ -263,7 +264,8 @@ def test_profile_errors_name_the_profile_and_the_key(change: dict, message: str)
 def test_a_profile_name_that_is_not_in_the_catalogue_names_the_closest() -> None:
     assert ic.missing_profile("kimi-k25-int4-eagle", PROFILES["production"], "engine_profile") == [
         "engine_profile kimi-k25-int4-eagle is not a profile of engine_profiles (known: kimi-k25-int4, "
-        "kimi-k25-int4-eagle3, qwen3-0.6b-smoke); did you mean kimi-k25-int4-eagle3?"]
+        "kimi-k25-int4-attndp2-ep8, kimi-k25-int4-eagle3, kimi-k25-int4-ep8, kimi-k25-int4-ep8-eagle3, kimi-k25-nvfp4, "
+        "kimi-k25-nvfp4-ep8, qwen3-0.6b-smoke); did you mean kimi-k25-int4-eagle3?"]
 
 
 INJECTED = "x\n[Service]\nExecStartPre=+/bin/touch /tmp/pwned"  # tried on a test host: systemd ran it as root

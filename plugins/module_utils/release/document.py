@@ -49,6 +49,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "speculative_settings": (dict,),
     "model_paths": (list,),
     "tensor_parallel_size": (int,),
+    "layout": (dict,),
     "max_running_requests": (int, NONE),
     "bench": (dict,),
     "node_rank": (int,),
@@ -59,7 +60,8 @@ FIELDS: dict[str, tuple[type, ...]] = {
 # Keys engine_service adds, and `created`, which the writing module adds to a new release.
 SERVICE_KEYS = ("schema", "id", "engine", "engine_version", "profile", "unit", "port", "listen_address", "base_url",
                 "health_url", "ready_timeout_s", "stall_timeout_s", "gate", "exec_start", "interconnect_proof")
-OPTIONAL = {"created": None, "node_rank": 0, "nnodes": 1, "engine_facts": {}}
+# `layout`: documents written before it read as {} (a tensor parallel layout of tensor_parallel_size ranks).
+OPTIONAL = {"created": None, "node_rank": 0, "nnodes": 1, "engine_facts": {}, "layout": {}}
 LIST_OF_STRINGS = ("exec_start", "model_paths")
 GATES = ("none", "smoke", "full")
 # What a version-0 document may lack, and what it is read as: the gate those deploys ran, no stall bound (they

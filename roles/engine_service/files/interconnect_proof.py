@@ -98,8 +98,9 @@ def load_engine_model(path: str | None) -> EngineModel:
                if not hasattr(module, name)]
     if missing:
         raise ValueError(f"{path}: the engine model lacks {', '.join(missing)}")
-    return EngineModel(tuple(module.FLAGS), tuple(module.PEER_ALL_REDUCE_SWITCHES), module.process_environment,
-                       module.peer_all_reduce)
+    # VALUED_FLAGS (optional): flags that come with their value, as `<flag>=<value>` words.
+    return EngineModel(tuple(module.FLAGS) + tuple(getattr(module, "VALUED_FLAGS", ())),
+                       tuple(module.PEER_ALL_REDUCE_SWITCHES), module.process_environment, module.peer_all_reduce)
 
 
 def proof_environment(env: dict[str, str], engine_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
@@ -556,7 +557,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.model = load_engine_model(args.engine_model)
     except (OSError, SyntaxError, ValueError, ImportError) as exc:
         parser.error(f"--engine-model: {exc}")
-    unknown = sorted(set(args.engine_flags) - set(args.model.flags))
+    unknown = sorted({flag for flag in args.engine_flags if flag.split("=", 1)[0] not in args.model.flags})
     if unknown:
         parser.error(f"--engine-flags: unknown {', '.join(unknown)} (known: {', '.join(args.model.flags) or 'none'})")
     if os.environ.get(HANG_ENV) is not None and args.backend == "nccl":

@@ -71,7 +71,8 @@ SECRET_KEY = re.compile(r"((^|[-_])(api[-_]key|password|passwd|secret|token)|wat
                         re.IGNORECASE)
 REDACTED = "<redacted>"
 REPORTED_FIELDS = (
-    "model_path", "tokenizer_path", "served_model_name", "tp_size", "dp_size", "ep_size", "pp_size",
+    "model_path", "tokenizer_path", "served_model_name", "tp_size", "dp_size", "attn_dp_size", "ep_size", "pp_size",
+    "moe_a2a_backend", "moe_runner_backend", "speculative_draft_model_quantization",
     "host", "port", "context_length", "mem_fraction_static", "max_running_requests", "quantization",
     "kv_cache_dtype", "attention_backend", "trust_remote_code", "disable_custom_all_reduce",
     "enable_metrics", "tool_call_parser", "reasoning_parser", "cuda_graph_max_bs_decode",

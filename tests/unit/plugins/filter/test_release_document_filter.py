@@ -24,4 +24,4 @@ def test_the_filter_names_the_key_the_schema_and_the_docs() -> None:
 
 
 def test_the_filter_fills_in_the_optional_keys() -> None:
-    assert release_document(VALID) == {**VALID, "node_rank": 0, "nnodes": 1, "engine_facts": {}}
+    assert release_document(VALID) == {**VALID, "node_rank": 0, "nnodes": 1, "engine_facts": {}, "layout": {}}

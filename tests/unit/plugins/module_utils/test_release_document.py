@@ -30,7 +30,7 @@ def valid() -> dict:
 
 def test_a_deploys_document_passes_with_the_optional_keys_filled_in() -> None:
     checked = document.checked_document(valid())
-    assert checked == {**valid(), "node_rank": 0, "nnodes": 1}
+    assert checked == {**valid(), "node_rank": 0, "nnodes": 1, "layout": {}}
 
 
 @pytest.mark.parametrize(("key", "value", "said"), [
