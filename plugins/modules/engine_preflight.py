@@ -47,6 +47,30 @@ options:
     type: list
     elements: str
     default: []
+  memory_fit:
+    description:
+      - With I(gpu_facts), whether the weights of I(model_paths) (target first) and the KV cache of one full context
+        fit each of the first O(memory_fit.layout.gpus_per_node) GPUs, computed from the checkpoint (its safetensors
+        headers and C(config.json)) and the layout. Unset skips it. A checkpoint without safetensors or a config is
+        not computed (C(memory_fit.computed) false).
+    type: dict
+    suboptions:
+      layout:
+        description: The profile's layout (the filter C(blackwell.serving.parallel_layout)).
+        type: dict
+        required: true
+      context_length:
+        description: Tokens of one full request; 0 reads C(max_position_embeddings) from the checkpoint.
+        type: int
+        required: true
+      fraction:
+        description: The share of each GPU's memory the engine takes for weights and KV cache.
+        type: float
+        required: true
+      kv_bytes:
+        description: Bytes of one KV cache value (2 for bf16, 1 for fp8).
+        type: int
+        default: 2
 notes:
   - Supports check mode (it only reads). Standard library only.
 author: the blackwell-llm-serving authors (!UNKNOWN)
@@ -77,6 +101,11 @@ port:
   description: With I(port) - free, listeners, strangers.
   type: dict
   returned: always
+memory_fit:
+  description: >-
+    With I(memory_fit) - computed, fits, message, weights_gib, kv_gib, needed_gib, budget_gib (per GPU).
+  type: dict
+  returned: always
 problems:
   description: One line per failed check; the task fails when there is any.
   type: list
@@ -88,6 +117,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.blackwell.serving.plugins.module_utils.host.port import port_report, stranger_message
+from ansible_collections.blackwell.serving.plugins.module_utils.model.fit import FitError, fit_message, memory_fit
 from ansible_collections.blackwell.serving.plugins.module_utils.model.store import check_model_dir
 from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import NvidiaError, read_gpu_facts
 
@@ -95,6 +125,26 @@ from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi impor
 def model_problems(paths: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
     models = [{"path": path, **check_model_dir(path, require_index=False)} for path in paths]
     return models, [m["msg"] for m in models if not m["complete"]]
+
+
+def fit_report(request: dict[str, Any], model_paths: list[str], gpus: list[dict[str, Any]]) -> tuple[dict, list]:
+    """The memory-fit verdict on the GPUs the layout uses (the smallest of them), and its problem if any."""
+    layout = request["layout"]
+    used = gpus[:int(layout["gpus_per_node"])]
+    if not used or not model_paths:
+        return {"computed": False, "message": "memory fit not computed: no GPUs read or no model path"}, []
+    try:
+        fit = memory_fit(model_paths, {k: int(v) for k, v in layout.items()}, request["context_length"],
+                         min(int(gpu["memory_total_mib"]) for gpu in used), request["fraction"],
+                         kv_bytes=request["kv_bytes"])
+    except (FitError, KeyError, TypeError, ValueError) as exc:
+        return {"computed": False, "message": f"memory fit not computed: {exc}"}, [f"memory fit: {exc}"]
+    if fit is None:
+        return {"computed": False, "message": f"memory fit not computed: {model_paths[0]} has no safetensors "
+                "weights or no config.json"}, []
+    report = {"computed": True, "fits": fit.fits, "message": fit_message(fit),
+              **{key: round(getattr(fit, key), 2) for key in ("weights_gib", "kv_gib", "needed_gib", "budget_gib")}}
+    return report, [] if fit.fits else [f"memory fit: {report['message']}"]
 
 
 def main() -> None:
@@ -107,6 +157,12 @@ def main() -> None:
             "model_paths": {"type": "list", "elements": "path", "default": []},
             "port": {"type": "int", "default": 0},
             "port_allowed_units": {"type": "list", "elements": "str", "default": []},
+            "memory_fit": {"type": "dict", "options": {
+                "layout": {"type": "dict", "required": True},
+                "context_length": {"type": "int", "required": True},
+                "fraction": {"type": "float", "required": True},
+                "kv_bytes": {"type": "int", "default": 2},
+            }},
         },
         supports_check_mode=True,
     )
@@ -128,7 +184,12 @@ def main() -> None:
             module.fail_json(msg=str(exc))
         if port["strangers"]:
             problems.append(stranger_message(p["port"], port["strangers"]))
-    result = {"changed": False, "gpus": gpus, "models": models, "port": port, "problems": problems}
+    fit: dict[str, Any] = {}
+    if p["memory_fit"] and not found:  # incomplete weights are named above; their headers would say less
+        fit, unfit = fit_report(p["memory_fit"], p["model_paths"], gpus)
+        problems += unfit
+    result = {"changed": False, "gpus": gpus, "models": models, "port": port, "memory_fit": fit,
+              "problems": problems}
     if problems:
         module.fail_json(msg="Preflight: " + " | ".join(problems), **result)
     module.exit_json(**result)

@@ -93,20 +93,34 @@ def test_the_preflight_counts_the_gpus_of_the_profiles_layout(host, runs):
     flat = " ".join(sglang.stdout.split())
     assert sglang.rc == 0, play_failure(sglang.stdout)
     assert "the profile needs 2 GPU(s) (tensor 2 x data 1; attention data 2; expert 2)" in flat, flat[-3000:]
+    # The memory fit, from the tiny checkpoint's own headers and config on the host (2 layers, float32 zeros).
+    assert re.search(r"the profile fits each GPU: weights [\d.]+ MiB \+ KV for one full context [\d.]+ MiB = "
+                     r"[\d.]+ MiB against 81\.3 GiB \(0\.85 of 95\.6 GiB\); experts split 2 ways, the rest 1 ways, "
+                     r"from \d+ safetensors file\(s\)", flat), flat[-3000:]
     vllm = host.run_playbook("playbooks/deploy_vllm.yml", check=True, extravars={"engine_profile": "sandbox-dp2-ep4"})
     runs.append(vllm)
     flat = " ".join(vllm.stdout.split())
     assert vllm.rc == 0, play_failure(vllm.stdout)
     assert "the profile needs 4 GPU(s) (tensor 2 x data 2; expert 4)" in flat, flat[-3000:]
+    assert "against 87.9 GiB (0.92 of 95.6 GiB); experts split 4 ways, the rest 2 ways" in flat, flat[-3000:]
     assert "--tensor-parallel-size 2 --data-parallel-size 2 --enable-expert-parallel --host" in flat, flat[-3000:]
-    assert ('"layout": { "attention_data_parallel_size": 1, "data_parallel_size": 2, "expert_parallel_size": 4, '
-            '"gpus_per_node": 4, "nnodes": 1, "tensor_parallel_size": 2, "world_size": 4 }') in flat.replace("+ ", ""), \
-        flat[-3000:]
+    document = ('"layout": { "attention_data_parallel_size": 1, "data_parallel_size": 2, "expert_parallel_size": 4, '
+                '"gpus_per_node": 4, "nnodes": 1, "tensor_parallel_size": 2, "world_size": 4 }')
+    assert document in flat.replace("+ ", ""), flat[-3000:]
     wide = host.run_playbook("playbooks/deploy_sglang.yml", check=True, extravars={"engine_profile": "sandbox-tp4-dp4"})
     runs.append(wide)
     flat = " ".join(wide.stdout.split())
     assert wide.rc != 0
     assert "8 GPU(s) with driver" in flat and "the profile needs 16 GPU(s) (tensor 4 x data 4)" in flat, flat[-3000:]
+    # A checkpoint that does not fit each GPU's share stops the preflight with the numbers: the tiny model's KV cache
+    # for its 8192-token context (4 MiB) against a share of 1 MiB.
+    unfit = host.run_playbook("playbooks/deploy_sglang.yml", check=True,
+                              extravars={"engine_profile": "sandbox-tiny", "sglang_memory_fit_fraction": 0.00001})
+    runs.append(unfit)
+    flat = " ".join(unfit.stdout.split())
+    assert unfit.rc != 0
+    assert re.search(r"memory fit: the profile does NOT fit each GPU: weights 0\.0 MiB \+ KV for one full context "
+                     r"4\.0 MiB = 4\.0 MiB against 1\.0 MiB \(1e-05 of 95\.6 GiB\)", flat), flat[-3000:]
     assert host.sh("test -e /etc/systemd/system/sglang.service && echo yes || echo no") == "no"
 
 
