@@ -16,7 +16,10 @@ from typing import Any
 
 import yaml
 from ansible_collections.blackwell.serving.plugins.module_utils.engine.metrics import scheme_problems
-from ansible_collections.blackwell.serving.plugins.plugin_utils.parallel_layout import roster_layout_problems
+from ansible_collections.blackwell.serving.plugins.plugin_utils.parallel_layout import (
+    LAYOUT_KEYS,
+    roster_layout_problems,
+)
 
 ROSTER_FILE = Path(__file__).resolve().parents[2] / "meta" / "engines.yml"
 ENGINE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -26,7 +29,8 @@ FIELDS: dict[str, type] = {
     "env_prefixes": list, "secret_flags": list, "reserved_flags": dict, "flag_aliases": dict, "layout": dict,
     "api_key_variable": str,
     "distinct_secrets": list, "nodes_group_variable": str, "readiness_timeout_s": int, "generating_routes": list,
-    "admin_routes": list, "reasoning_field": str, "server_info": bool, "key_guard_hint": str,
+    "admin_routes": list, "reasoning_field": str, "server_info": bool, "server_info_layout": dict,
+    "key_guard_hint": str,
     "unguarded_route_hint": str, "drain": bool, "metrics": dict,
 }
 # A /dev/shm pattern names the engine's own entries: a literal prefix of at least this many characters before the
@@ -78,6 +82,9 @@ def check_entry(name: str, entry: Any) -> list[str]:
                      for flag, what in entry["reserved_flags"].items() if not isinstance(what, str) or not what]
         problems += _alias_problems(name, entry)
         problems += roster_layout_problems(name, entry["layout"])
+        problems += [f"{name}.server_info_layout.{key} must be a layout key ({', '.join(LAYOUT_KEYS)}) naming a "
+                     "/server_info field (a string)" for key, field in entry["server_info_layout"].items()
+                     if key not in LAYOUT_KEYS or not isinstance(field, str) or not field]
     return problems
 
 

@@ -37,6 +37,12 @@ def deploy_serves_from_the_real_front_end(host: EngineHost, runs: list, engine: 
     journal = host.sh(f"journalctl -u {unit(engine)} --no-pager -o cat")
     assert OWN_START_LINES[engine] in journal, journal[-3000:]
     assert "ENGINE TEST DOUBLE" not in run.stdout
+    if engine == "sglang":  # the layout SGLang resolved, read back from its /server_info by the gate's verify
+        flat = " ".join(run.stdout.split())
+        # (the quote comes doubled, the message being a YAML single-quoted string)
+        layout = ('{"attention_data_parallel_size": 1, "data_parallel_size": 1, "expert_parallel_size": 1, '
+                  '"tensor_parallel_size": 1} (/server_info).')
+        assert re.search(r"sglang runs the release'+s layout " + re.escape(layout), flat), flat[-3000:]
 
 
 # The controller's secrets while CI runs verify: a Hub token (passed to the play), a variable named with --redact-env

@@ -97,7 +97,7 @@ def test_mig_on_a_needed_gpu_fails_the_deploy_preflight_before_anything_changes(
     run = deploy(host, runs, "deploy_sglang.yml", engine_profile="sandbox-tiny", **mig_vars)
     assert run.status == "failed"
     flat = " ".join(run.stdout.split())
-    assert "MIG is on for GPU(s) 0 of the 1 the profile needs" in flat, flat[-3000:]
+    assert "MIG is on for GPU(s) 0 of the 1 the profile needs on this host" in flat, flat[-3000:]
     assert "Activate |" not in run.stdout and not proof_runs(host)
     assert main_pid(host, "vllm.service") == pid and host.health() == 200
 

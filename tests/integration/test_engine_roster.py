@@ -39,7 +39,7 @@ ROSTER_ENTRY = {
     "api_key_variable": f"{ENGINE}_api_key", "distinct_secrets": [],
     "nodes_group_variable": "", "readiness_timeout_s": 123,
     "generating_routes": ["/v1/chat/completions"], "admin_routes": [], "reasoning_field": "reasoning",
-    "server_info": False, "key_guard_hint": "", "unguarded_route_hint": "",
+    "server_info": False, "server_info_layout": {}, "key_guard_hint": "", "unguarded_route_hint": "",
     # Its own drain (roles/fakeinfer/tasks/drain.yml) and its own acceptance scheme: accepted tokens per verify step.
     "drain": True,
     "metrics": {"prefix": f"{ENGINE}:",

@@ -164,7 +164,12 @@ def test_teardown_of_the_fleet(fleet):
 
 
 def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):
-    fleet.write_inventory({"engine_profile": "sandbox-tiny", "sglang_nodes_group": "kimi_pair"})
+    # A tensor parallel group of 2 over the pair: one GPU on each node (the preflight and the proof count per node).
+    profiles = yaml.safe_load((REPO / "inventory" / "sandbox" / "group_vars" / "all" / "models.yml").read_text())[
+        "engine_profiles"]
+    profiles["sandbox-tiny-pair"] = {**profiles["sandbox-tiny"], "tensor_parallel_size": 2}
+    fleet.write_inventory({"engine_profile": "sandbox-tiny-pair", "engine_profiles": profiles,
+                           "sglang_nodes_group": "kimi_pair"})
     # serial is computed before inventory variables exist: the batch size is an extra variable.
     run = fleet.run_playbook("playbooks/deploy_sglang.yml", extravars={"deploy_batch_size": 2}, limit="kimi_pair")
     assert run.status == "successful", run.stdout[-3000:]
@@ -173,6 +178,7 @@ def test_multi_node_arguments_start_order_and_rank0_readiness(fleet):
         assert "nnodes: 2" in config
         assert f"node-rank: {rank}" in config
         assert f'dist-init-addr: "{PAIR[0]}:5000"' in config
+        assert 'tp-size: "2"' in config or "tp-size: 2" in config, config
     started = {h: int(fleet.on(h).sh("systemctl show -p ActiveEnterTimestampMonotonic --value sglang.service"))
                for h in PAIR}
     assert started[PAIR[1]] < started[PAIR[0]], "the worker (rank 1) starts before rank 0"

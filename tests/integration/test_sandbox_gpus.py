@@ -37,7 +37,8 @@ HOST = "bws-sandbox"  # inventory/sandbox's host, whichever container it reaches
 GPU_DOUBLE = "/opt/bws-gpu-double"  # inventory/sandbox's sandbox_gpu_double_dir
 NVIDIA_SMI = f"{GPU_DOUBLE}/nvidia-smi"  # the NVIDIA-SMI TEST DOUBLE's wrapper on the sandbox host
 CHECKED = ("8 GPU(s) (NVIDIA RTX PRO 6000 Blackwell Server Edition) with driver 580.105.08 and compute capability "
-           "12.0; the profile needs 1 GPU(s), driver branch >= 580 and compute capability >= 8.0.")
+           "12.0; the profile needs 1 GPU(s) (tensor 1 x data 1), driver branch >= 580 and compute capability "
+           ">= 8.0.")
 SIMULATED = ("SIMULATED GPUs: the 8 NVIDIA RTX PRO 6000 here are the NVIDIA-SMI TEST DOUBLE "
              "(tests/doubles/nvidia_smi_double.py) over stand-in device files")
 GPU_LINE = re.compile(r"GPU (\d) \(minor (\d)\): ([^;]*); (\d+) -> (\d+) MiB \(freed \d+\); (clean|NOT clean[^']*)")

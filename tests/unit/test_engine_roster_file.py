@@ -101,3 +101,11 @@ def test_a_layout_rule_the_layout_code_does_not_know_is_refused():
     entry.pop("name")
     assert any("layout.expert_parallel must be one of divides_tensor, whole_world" in p
                for p in er.check_entry("vllm", entry))
+
+
+def test_the_server_info_layout_names_layout_keys_only():
+    assert set(ROSTER["sglang"]["server_info_layout"]) == {"tensor_parallel_size", "data_parallel_size",
+                                                          "attention_data_parallel_size", "expert_parallel_size"}
+    entry = {**ROSTER["sglang"], "server_info_layout": {"tp": "tp_size"}}
+    entry.pop("name")
+    assert any("sglang.server_info_layout.tp must be a layout key" in p for p in er.check_entry("sglang", entry))
