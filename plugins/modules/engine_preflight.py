@@ -50,9 +50,9 @@ options:
   memory_fit:
     description:
       - With I(gpu_facts), whether the weights of I(model_paths) (target first) and the KV cache of one full context
-        fit each of the first C(gpus_per_node) GPUs of O(memory_fit.layout), computed from the checkpoint (its safetensors
-        headers and C(config.json)) and the layout. Unset skips it. A checkpoint without safetensors or a config is
-        not computed (C(memory_fit.computed) false).
+        fit each of the first C(gpus_per_node) GPUs of O(memory_fit.layout), computed from the checkpoint (its
+        safetensors headers and C(config.json)) and the layout. Unset skips it. A checkpoint without safetensors or
+        a config is not computed (C(memory_fit.computed) false).
     type: dict
     suboptions:
       layout:
