@@ -29,6 +29,7 @@ from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_inputs im
     refusing_environment_guard,
     truthy,
 )
+from ansible_collections.blackwell.serving.plugins.plugin_utils.engine_roster import reserved_spellings
 
 __all__ = ["FilterModule", "engine_environment_problems", "engine_guard_problems", "is_loopback"]
 
@@ -64,7 +65,7 @@ def _reserved_problems(flags: Mapping, entry: Mapping, expected: Mapping) -> lis
         if flag not in expected:
             raise AnsibleFilterError(f"engine_guard_problems: the role gives no value for the reserved flag {flag} "
                                      f"({setter}) of {entry['name']}")
-        spellings = {flag_key(flag)} | {flag_key(alias) for alias in entry["flag_aliases"].get(flag, [])}
+        spellings = {flag_key(spelling) for spelling, reserved in reserved_spellings(entry).items() if reserved == flag}
         given = [(key, value) for key, value in flags.items() if flag_key(key) in spellings]
         if isinstance(expected[flag], bool):  # a switch: absent (dropped when false) is false
             wrong = [(key, value) for key, value in given if truthy(value) is not expected[flag]]

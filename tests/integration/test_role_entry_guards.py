@@ -78,23 +78,22 @@ def runs(tmp_path_factory) -> dict[str, PlaybookRun]:
         return dict(zip(cases, pool.map(run, cases), strict=True))
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_the_role_refuses_what_its_play_vars_bring_before_it_changes_anything(runs, case: str) -> None:
-    result = runs[case]
+def assert_refused_at(result: PlaybookRun, said: str, task: str) -> None:
+    """The play failed at `task` (role-qualified), saying `said`, with nothing changed and no other task failed."""
     text = " ".join(result.stdout.split())
     assert result.rc == 2, text[-3000:]
-    assert CASES[case][2] in text, text[-3000:]
-    assert result.tasks_started[-1] == GUARD_TASK, result.tasks_started
+    assert said in text, text[-3000:]
+    assert result.tasks_started[-1] == task, result.tasks_started
     assert result.recap("localhost")["failed"] == 1 and result.recap("localhost")["changed"] == 0, text[-2000:]
     failed = [r for r in result.task_events_results() if r["_event"] == "runner_on_failed"]
-    assert [r["_task"] for r in failed] == [GUARD_TASK.split(" : ", 1)[1]], json.dumps(failed)[:2000]
+    assert [r["_task"] for r in failed] == [task.split(" : ", 1)[1]], json.dumps(failed)[:2000]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_role_refuses_what_its_play_vars_bring_before_it_changes_anything(runs, case: str) -> None:
+    assert_refused_at(runs[case], CASES[case][2], GUARD_TASK)
 
 
 @pytest.mark.parametrize("case", PROFILE_CASES)
 def test_a_layout_the_engine_has_not_is_refused_at_the_roles_first_check(runs, case: str) -> None:
-    result = runs[case]
-    text = " ".join(result.stdout.split())
-    assert result.rc == 2, text[-3000:]
-    assert PROFILE_CASES[case][2] in text, text[-3000:]
-    assert result.tasks_started[-1] == PROFILE_TASK, result.tasks_started
-    assert result.recap("localhost")["failed"] == 1 and result.recap("localhost")["changed"] == 0, text[-2000:]
+    assert_refused_at(runs[case], PROFILE_CASES[case][2], PROFILE_TASK)
