@@ -29,7 +29,8 @@ bootstrap (scripts/bootstrap.sh: the toolchain, a no-op when it is installed):
              bash scripts/test.sh pytest tests/unit/plugins/modules/test_engine_wait.py -k stall
              bash scripts/test.sh pytest -m container tests/integration/test_real_vllm_host.py
 Environment: BWS_TEST_WORKERS (default 2), BWS_HOST_WORKERS (default 5), BWS_MOLECULE_SCENARIOS,
-BWS_TEST_SLOTS (stages side by side, in cores' worth; default 5), BWS_STAGE_TIMEOUT_S (per stage; default 3000).
+BWS_TEST_SLOTS (stages side by side, in cores' worth; default 5), BWS_STAGE_TIMEOUT_S (per stage; default 3000),
+BWS_TEST_RESULTS (a folder that keeps every stage's log and JUnit file; default: a temporary one, removed).
 USAGE
 }
 
@@ -52,8 +53,14 @@ want() { [ -n "${WANT[$1]:-}" ]; }  # want PART: was it asked for (or is it the 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
-RESULTS=$(mktemp -d)
-trap 'rm -rf "$RESULTS"' EXIT
+# BWS_TEST_RESULTS keeps each stage's log and JUnit files in that folder; by default they go with the run.
+if [ -n "${BWS_TEST_RESULTS:-}" ]; then
+  mkdir -p "$BWS_TEST_RESULTS"
+  RESULTS=$(cd "$BWS_TEST_RESULTS" && pwd)
+else
+  RESULTS=$(mktemp -d)
+  trap 'rm -rf "$RESULTS"' EXIT
+fi
 
 if want pytest; then  # pytest with the user's arguments: after the bootstrap and the test-host images
   bash scripts/bootstrap.sh
