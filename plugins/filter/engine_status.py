@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.blackwell.serving.plugins.module_utils.release.baselines import baseline_lines
+
 
 def status_release_lines(releases: list[dict[str, Any]]) -> list[str]:
     """One line per release kept on the host, newest first: id, engine and version, created, and which one serves
@@ -21,6 +23,11 @@ def status_release_lines(releases: list[dict[str, Any]]) -> list[str]:
             line += f"; {release['incomplete']}"
         lines.append(line)
     return lines or ["no release on disk"]
+
+
+def status_baseline_lines(baselines: list[dict[str, Any]]) -> list[str]:
+    """One line per throughput baseline recorded on the host (engine_status's baselines), newest first."""
+    return baseline_lines(baselines)
 
 
 def fleet_status(hosts: dict[str, dict[str, Any]], generated_at: str = "") -> dict[str, Any]:
@@ -71,4 +78,5 @@ def status_units_as_facts(engine_units: dict[str, Any]) -> dict[str, dict[str, s
 class FilterModule:
     def filters(self) -> dict:
         return {"fleet_status": fleet_status, "status_release_lines": status_release_lines,
+                "status_baseline_lines": status_baseline_lines,
                 "status_units_as_facts": status_units_as_facts, "teardown_plan": teardown_plan}

@@ -187,6 +187,16 @@ releases:
   type: list
   elements: dict
   returned: always
+baselines:
+  description:
+    - The throughput baselines verify recorded on the host (C(<state_dir>/verify-baselines/), written only by
+      C(verify_mode=baseline) or C(verify_record_baseline)), newest first - key (the hash naming the file), recorded
+      (UTC, when it was measured), profile, output_throughput (concurrency to tok/s), engine, engine_version, model
+      (revision), gpu_model, tensor_parallel_size, layout (beyond tensor parallelism), and history (the baselines
+      it replaced - file, recorded, output_throughput - newest first). A file that cannot be read has error instead.
+  type: list
+  elements: dict
+  returned: always
 problems:
   description: What is wrong (not enabled, /health not 200, a deploy that did not finish, a foreign GPU holder, ...).
   type: list
@@ -216,6 +226,7 @@ from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd imp
     systemctl_here,
 )
 from ansible_collections.blackwell.serving.plugins.module_utils.nvidia.smi import NvidiaError
+from ansible_collections.blackwell.serving.plugins.module_utils.release.baselines import read_baselines
 from ansible_collections.blackwell.serving.plugins.module_utils.release.status import (
     UNIT_PROPERTIES,
     UNKNOWN,
@@ -300,7 +311,7 @@ def broken(state_dir: str, reason: str) -> dict:
               "health": {"url": None, "status": None, "latency_ms": None, "error": "not asked"},
               "gpus": {"available": False, "reason": "not read", "count": 0, "engine_memory_mib": 0, "gpus": [],
                        "foreign": []},
-              "releases": releases, "problems": [reason]}
+              "releases": releases, "baselines": read_baselines(state_dir), "problems": [reason]}
     return {**status, "summary": summary_line(status)}
 
 
@@ -342,6 +353,7 @@ def read_status(module: AnsibleModule) -> dict:
         "health": health,
         "gpus": read_gpus(module, unit, shown),
         "releases": releases,
+        "baselines": read_baselines(params["state_dir"]),
     }
     if status["state"] == "serving" and status["unit"]["active_since"]:
         status["serving_since"] = status["unit"]["active_since"]

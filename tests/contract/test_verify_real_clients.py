@@ -130,7 +130,7 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
         print(f"first playbook run done at {time.monotonic() - started:.1f} s")
         untrusted_output = untrusted.communicate(timeout=120)[0]
         recorded = work / "state" / "record"
-        for name in ("fast", "other_commit"):
+        for name in ("fast", "other_commit", "rerecord"):
             shutil.copytree(recorded, work / "state" / name)
         second = work / "second.yml"
         write_inventory(second, {
@@ -139,6 +139,9 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
             "other_commit": host("other_commit", doubles["fast2"], "kimi-eagle3", other_model,
                                  state=work / "state" / "other_commit"),
             "vllm": host("vllm", doubles["vfast"], "kimi-eagle3", model, **SAMPLED),
+            # the same key measured again: the new numbers replace the old, which move to the history
+            "rerecord": host("rerecord", doubles["base"], "kimi-plain", model, state=work / "state" / "rerecord",
+                             verify_mode="baseline", **SAMPLED),
         })
         result_2 = run_verify(second, env=env, timeout_s=300, verbosity='-v', workdir=work)
         print(f"second playbook run done at {time.monotonic() - started:.1f} s")
@@ -239,6 +242,19 @@ def test_the_run_without_speculation_records_its_baseline_on_the_host(runs):
     document = json.loads(files[0].read_text())
     assert document["profile"] == "kimi-plain" and document["key"]["model"].startswith("c0ffee")
     assert document["levels"] == {"1": {"workload": "sharegpt"}, "2": {"workload": "sharegpt_sampled"}}
+
+
+def test_a_second_recording_of_the_same_key_keeps_the_first_in_the_history(runs):
+    assert _recap(runs, "rerecord")["failed"] == 0
+    first = next((runs["work"] / "state" / "record" / "verify-baselines").glob("*.json"))
+    store = runs["work"] / "state" / "rerecord" / "verify-baselines"
+    assert [path.name for path in store.glob("*.json")] == [first.name]  # the same key, one current file
+    kept = list((store / "history").iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith(f"{first.stem}-")
+    assert kept[0].read_text() == first.read_text()  # the first recording, as it was
+    current = json.loads((store / first.name).read_text())
+    assert current["timestamp"] != json.loads(first.read_text())["timestamp"]
+    assert f"(the one it replaces kept in {store}/history/)" in runs["output"]
 
 
 def test_066x_fails_on_the_ratio_with_no_warning(runs):

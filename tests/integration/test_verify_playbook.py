@@ -154,6 +154,8 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                     },
                 ),
                 ("baseline", "base", {"verify_mode": "baseline"}),
+                # A full run of a release without speculation: measured and reported, recorded only when asked.
+                ("plain_full", "base", {}),
                 # A speculative profile and nothing recorded on the host: the speed-up is not measured.
                 ("no_baseline", "unmeasured", {}),
                 ("open_key", "base", {"verify_mode": "smoke", "sglang_api_key": UNENFORCED_KEY}),
@@ -476,6 +478,25 @@ def test_baseline_mode_writes_a_baseline_to_pass_back(run):
     assert baseline["output_throughput"] == measured  # what the client measured on this host, every level
     assert set(measured) == {str(level) for level in LEVELS}
     assert f"baseline for verify_baseline: {directory / 'baseline.json'}" in run["output"]
+    # the mode asks for it: recorded on the host under its key, nothing replaced
+    recorded = list((run["work"] / "baseline" / "verify-baselines").glob("*.json"))
+    assert len(recorded) == 1 and json.loads(recorded[0].read_text())["output_throughput"] == measured
+    assert list((run["work"] / "baseline" / "verify-baselines" / "history").iterdir()) == []
+    assert f"baseline recorded on the host: {recorded[0]}" in " ".join(run["output"].split())
+    status = run_module("blackwell.serving.engine_status", f"state_dir={run['work'] / 'baseline'} units=[]",
+                        timeout=60)
+    assert [(b["key"], b["profile"], b["output_throughput"], b["history"]) for b in status["baselines"]] == [
+        (recorded[0].stem, "p", measured, [])]
+
+
+def test_a_full_run_without_speculation_records_no_baseline_unless_asked(run):
+    """A deploy's gate or a verify of a plain profile never replaces the numbers a speculative release is gated on."""
+    assert _recap(run, "plain_full")["failed"] == 0
+    assert (host_report_dir(run["reports"], "plain_full") / "baseline.json").is_file()  # the controller's copy
+    assert not (run["work"] / "plain_full" / "verify-baselines").exists()
+    said = " ".join(run["output"].split())
+    assert ("not recorded on the host as its baseline: verify_mode=baseline or -e verify_record_baseline=true "
+            "records it") in said
 
 
 def test_bench_client_double_writes_the_real_clients_keys(run):
