@@ -517,6 +517,49 @@ def test_sglang_without_a_key_refuses_a_foreign_origin_and_a_foreign_host(sglang
     assert status == 200 and b'"choices"' in body, body[:300]
 
 
+@pytest.fixture(scope="module")
+def vllm_keyless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFrontEnd]:
+    """vLLM without an API key: as the vllm role runs it on loopback without vllm_api_key (SameOriginOnly)."""
+    front_end = RealFrontEnd(engine_python("vllm"), tmp_path_factory.mktemp("vllm-keyless"), "real-vkeyless", "vllm")
+    try:
+        print(f"keyless vllm front end ready in {front_end.wait_ready():.1f} s")
+        yield front_end
+    finally:
+        front_end.stop()
+
+
+def test_vllm_alone_answers_a_foreign_host_and_origin(vllm_alone: RealFrontEnd) -> None:
+    """Upstream behaviour the keyless middleware answers: vLLM 0.33.0 checks no Host and has no trusted-hosts option,
+    so without a key a DNS-rebinding page (its own host name, the engine's port) drives every route."""
+    key = {"Authorization": f"Bearer {API_KEY}"}  # vLLM alone, with its key: the Host is not looked at
+    assert _raw(vllm_alone, "GET", "/v1/models", {**key, "Host": f"evil.example:{vllm_alone.port}"})[0] == 200
+    assert _raw(vllm_alone, "GET", "/v1/models", {**key, "Origin": "http://evil.example"})[0] == 200
+
+
+def test_vllm_without_a_key_refuses_a_foreign_origin_and_a_foreign_host(vllm_keyless: RealFrontEnd) -> None:
+    port = vllm_keyless.port
+    chat = json.dumps({"model": vllm_keyless.served_name, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "What is 3 + 4?"}]}).encode()
+    json_type = {"Content-Type": "application/json"}
+    before = _engine_requests(vllm_keyless)
+    assert _raw(vllm_keyless, "POST", "/v1/chat/completions", {**json_type, "Origin": "http://evil.example"},
+                chat)[0] == 403
+    assert _raw(vllm_keyless, "OPTIONS", "/v1/chat/completions", {
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})[0] == 403
+    assert _raw(vllm_keyless, "GET", "/v1/models", {"Origin": "null"})[0] == 403
+    assert _raw(vllm_keyless, "POST", "/v1/chat/completions", {**json_type, "Host": f"evil.example:{port}"},
+                chat)[0] == 403
+    assert _raw(vllm_keyless, "POST", "/invocations", {**json_type, "Host": "evil.example"}, chat)[0] == 403
+    assert _raw(vllm_keyless, "GET", "/health", {"Host": "evil.example"})[0] == 403
+    assert _engine_requests(vllm_keyless) == before  # none of them reached generation
+    # loopback, as the roles' clients and verify ask
+    assert _raw(vllm_keyless, "GET", "/health", {})[0] == 200
+    assert _raw(vllm_keyless, "GET", "/v1/models", {"Host": f"localhost:{port}"})[0] == 200
+    assert _raw(vllm_keyless, "GET", "/v1/models", {"Origin": f"http://127.0.0.1:{port}"})[0] == 200
+    status, _, body = _raw(vllm_keyless, "POST", "/v1/chat/completions", json_type, chat)
+    assert status == 200 and b'"choices"' in body, body[:300]
+
+
 def test_sglang_without_a_key_its_admin_routes_refuse_verifys_probe(sglang_keyless: RealFrontEnd) -> None:
     """verify's no-key probe of the admin routes (roles/verify/tasks/smoke.yml), which runs with an API key set or
     not, on the real app: the route table read without a key, each admin route it lists asked without one."""

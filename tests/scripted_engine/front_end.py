@@ -85,11 +85,13 @@ class RealFrontEnd:
     def _deploy_guards(self, release_dir: Path, args: list[str]) -> dict[str, str]:
         """What the engine roles add around the engine, from their own files, into a stand-in release directory
         (on PYTHONPATH as in the unit): SGLang's logging configuration with the filter that redacts the keys and its
-        plugin that blanks them in /server_info (found through its dist-info's entry point); with a key, vLLM's
-        middleware that guards every route. Returns the environment; extends `args` in place."""
+        plugin that blanks them in /server_info (found through its dist-info's entry point); vLLM's middleware that
+        guards every route with a key, and refuses a foreign Host or Origin without one. Returns the environment;
+        extends `args` in place."""
         release_dir.mkdir(parents=True, exist_ok=True)
         guards: dict[str, str] = {"PYTHONPATH": str(release_dir)}
-        shutil.copy(ROLES / "engine_service" / "files" / "bws_access_log.py", release_dir)  # both roles ship it
+        for shared in ("bws_access_log.py", "bws_same_origin.py"):  # both roles ship them
+            shutil.copy(ROLES / "engine_service" / "files" / shared, release_dir)
         if self.flavour == "sglang":
             import jinja2  # the test runner's (Ansible's) Jinja: the role renders the same template
 
@@ -100,9 +102,9 @@ class RealFrontEnd:
             shutil.copytree(ROLES / "sglang" / "files" / "bws_sglang_guard-1.dist-info",
                             release_dir / "bws_sglang_guard-1.dist-info", dirs_exist_ok=True)
             guards["SGLANG_LOGGING_CONFIG_PATH"] = str(release_dir / "logging.json")
-        elif self.api_key:
+        else:
             shutil.copy(ROLES / "vllm" / "files" / "bws_vllm_auth.py", release_dir)
-            args += ["--middleware", "bws_vllm_auth.RequireApiKey"]
+            args += ["--middleware", "bws_vllm_auth.RequireApiKey" if self.api_key else "bws_vllm_auth.SameOriginOnly"]
         return guards
 
     def _sglang_args(self, workdir: Path, model: Path, drafter: Path, options: dict | None) -> list[str]:

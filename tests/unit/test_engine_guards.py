@@ -34,6 +34,7 @@ def load(path: Path) -> ModuleType:
 
 
 load(REPO / "roles" / "engine_service" / "files" / "bws_access_log.py")  # vLLM's middleware imports it by name
+load(REPO / "roles" / "engine_service" / "files" / "bws_same_origin.py")  # and this one
 sglang_logging = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_logging.py")
 vllm_auth = load(REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py")
 route_probes = load(REPO / "plugins" / "filter" / "route_probes.py")
@@ -163,6 +164,70 @@ def test_vllm_guard_without_a_key_in_its_environment_refuses_every_guarded_route
     middleware = vllm_auth.RequireApiKey(app)
     assert run((middleware, sent), "/invocations", key="") == "401"
     assert run((middleware, sent), "/health", method="GET") == "passed"
+
+
+# --- vLLM without a key: its own Host and Origin only ----------------------------------------------------------------
+class _Args:  # what vLLM parsed (app.state.args, vllm/entrypoints/launchers/app.py)
+    def __init__(self, host: str | None, port: int | None) -> None:
+        self.host, self.port = host, port
+
+
+class _App:
+    def __init__(self, host: str | None, port: int | None) -> None:
+        self.state = type("State", (), {"args": _Args(host, port)})()
+
+
+def same_origin_run(headers: dict[str, str], *, listen: tuple[str | None, int | None] = ("127.0.0.1", 8000),
+                    kind: str = "http", app: object = None) -> str:
+    passed: list[bool] = []
+    sent: list[dict] = []
+
+    async def inner(scope, receive, send) -> None:
+        passed.append(True)
+
+    async def receive() -> dict:
+        return {"type": "websocket.connect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": kind, "path": "/v1/chat/completions", "method": "POST", "root_path": "",
+             "headers": [(name.lower().encode(), value.encode()) for name, value in headers.items()],
+             "app": _App(*listen) if app is None else app}
+    asyncio.run(vllm_auth.SameOriginOnly(inner)(scope, receive, send))
+    return "passed" if passed else str(sent[0].get("status", sent[0].get("code")))
+
+
+@pytest.mark.parametrize("headers", [{"Host": "127.0.0.1:8000"}, {"Host": "localhost:8000"}, {"Host": "[::1]:8000"},
+                                     {"Host": "localhost"}, {}, {"Host": "127.0.0.1:8000",
+                                                                 "Origin": "http://localhost:8000"}])
+def test_vllm_without_a_key_serves_its_own_host_and_origin(headers: dict[str, str]) -> None:
+    assert same_origin_run(headers) == "passed"
+
+
+@pytest.mark.parametrize("headers", [{"Host": "evil.example:8000"}, {"Host": "evil.example"},
+                                     {"Host": "127.0.0.1:9999"}, {"Host": "127.0.0.1.nip.io:8000"},
+                                     {"Host": "127.0.0.1:8000", "Origin": "http://evil.example"},
+                                     {"Host": "127.0.0.1:8000", "Origin": "null"},
+                                     {"Host": "127.0.0.1:8000", "Origin": "http://127.0.0.1:9999"},
+                                     {"Host": "bad:port:x"}])
+def test_vllm_without_a_key_refuses_a_foreign_host_or_origin(headers: dict[str, str]) -> None:
+    assert same_origin_run(headers) == "403"
+    assert same_origin_run(headers, kind="websocket") == "1008"
+
+
+def test_vllm_without_a_key_takes_the_listen_address_vllm_parsed() -> None:
+    assert same_origin_run({"Host": "10.0.0.7:8000"}, listen=("10.0.0.7", 8000)) == "passed"
+    assert same_origin_run({"Host": "10.0.0.7:8000"}) == "403"
+    assert same_origin_run({"Host": "127.0.0.1:8001"}, listen=("127.0.0.1", 8001)) == "passed"
+    # vLLM's default host (None: every interface) leaves the loopback names only
+    assert same_origin_run({"Host": "127.0.0.1:8000"}, listen=(None, 8000)) == "passed"
+
+
+def test_vllm_without_a_key_refuses_when_the_listen_address_cannot_be_read() -> None:
+    """Fail closed: an app that carries no parsed arguments (another vLLM's layout) serves nothing."""
+    assert same_origin_run({"Host": "127.0.0.1:8000"}, app=object()) == "403"
+    assert same_origin_run({"Host": "127.0.0.1:8000"}, listen=("127.0.0.1", None)) == "403"
 
 
 # --- verify's no-key route probe -------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ def load(path: Path) -> ModuleType:
 
 
 access_log = load(REPO / "roles" / "engine_service" / "files" / "bws_access_log.py")  # both releases ship it
+same_origin = load(REPO / "roles" / "engine_service" / "files" / "bws_same_origin.py")  # and this one
 sglang_logging = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_logging.py")
 guard_module = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_guard.py")
 vllm_auth = load(REPO / "roles" / "vllm" / "files" / "bws_vllm_auth.py")
@@ -100,11 +101,11 @@ def ask(guard, path: str, *, method: str = "GET", key: str | None = None, kind: 
     async def send(message: dict) -> None:
         sent.append(message)
 
-    raw = [(b"host", b"127.0.0.1:30000")] + [(name.lower().encode(), value.encode()) for name, value in
-                                              (headers or {}).items()]
+    given = {"host": "127.0.0.1:30000", **{name.lower(): value for name, value in (headers or {}).items()}}
     if key is not None:
-        raw.append((b"authorization", f"Bearer {key}".encode()))
-    raw = list({name: (name, value) for name, value in raw}.values())  # a header given replaces the default Host
+        given["authorization"] = f"Bearer {key}"
+    # a header given replaces the default Host; None leaves it out
+    raw = [(name.encode(), value.encode()) for name, value in given.items() if value is not None]
     scope = {"type": kind, "path": path, "method": method, "headers": raw, "root_path": "", "query_string": b""}
     middleware = guard_module.KeylessGuard(app, fastapi_app=guard, settings=lambda: guard.settings)
     asyncio.run(middleware(scope, receive, send))
@@ -211,7 +212,8 @@ def test_with_a_key_host_and_origin_are_left_to_the_key() -> None:
 
 def test_a_request_without_host_passes() -> None:
     """HTTP/1.0 without Host: no browser sends that."""
-    assert guard_module.host_allowed(None, settings(api_key=None))
+    engine = Engine(settings(api_key=None))
+    assert ask(engine, "/v1/models", headers={"Host": None}) == "passed"
 
 
 # --- WebSockets: SGLang's key middleware passes every scope that is not HTTP (srt/utils/auth.py) ---------------------

@@ -48,6 +48,7 @@ def guard_closes_an_unkeyed_websocket() -> bool:
     """Whether the release's guard, as SGLang runs it, closes a WebSocket that lacks the key (with a key set) and a
     cross-origin one (without a key set), and passes one with the key."""
     load(REPO / "roles" / "sglang" / "files" / "bws_sglang_logging.py")
+    load(REPO / "roles" / "engine_service" / "files" / "bws_same_origin.py")
     guard = load(REPO / "roles" / "sglang" / "files" / "bws_sglang_guard.py")
 
     def outcome(api_key: str | None, headers: list[tuple[bytes, bytes]]) -> str:

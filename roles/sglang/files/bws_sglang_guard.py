@@ -23,7 +23,8 @@ The front end (`KeylessGuard`, an ASGI middleware put outermost, before SGLang's
   whoever reaches the port, and its CORS middleware (`srt/entrypoints/http_server.py`: every origin, credentials,
   every method and header) lets any web page read the answers. The guard then refuses (403) a request whose `Host`
   is not a loopback name or the listen address (with or without the listen port: a DNS-rebinding page names its
-  own host) and one whose `Origin` is not the engine's own origin (a cross-origin page).
+  own host) and one whose `Origin` is not the engine's own origin (a cross-origin page): the rules of
+  roles/engine_service/files/bws_same_origin.py, which vLLM's keyless middleware shares.
 - SGLang's key middleware passes every scope that is not HTTP (`srt/utils/auth.py`), so a WebSocket route
   (`/v1/realtime`) would need no key; no WebSocket library is in the pinned venv today (uvicorn answers no upgrade),
   and the guard closes a WebSocket without the key all the same (tests/unit checks the lock).
@@ -48,12 +49,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import secrets
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bws_same_origin import refuse, same_origin
 from bws_sglang_logging import REDACTED, redact
 
 TARGET = "sglang.srt.sampling.watermarking.core.redact_watermark_secrets"
@@ -63,7 +63,6 @@ AUTH_TARGET = "sglang.srt.utils.auth.add_api_key_middleware"
 KEY_FIELDS = frozenset({"api_key", "admin_api_key"})
 # The paths SGLang's key middleware lets through without a key (srt/utils/auth.py decide_request_auth, by prefix).
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 NOT_FOUND = (404, {"detail": "Not Found"})  # FastAPI's own answer to a path no route matches
 FORBIDDEN = (403, {"error": "Forbidden"})  # the shape of SGLang's own refusals (srt/utils/auth.py)
 
@@ -127,50 +126,6 @@ def sglang_settings() -> Settings:
     serving = get_serving()
     return Settings(api_key=serving.api_key or None, admin_api_key=serving.admin_api_key or None,
                     host=str(serving.host or ""), port=int(serving.port))
-
-
-def split_host(value: str) -> tuple[str, int | None] | None:
-    """A Host header's name (lower case, IPv6 without brackets) and port; None when it is not one."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        name, bracket, rest = value[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            return None
-        port_text = rest[1:] if rest else None
-    elif value.count(":") == 1:
-        name, _, port_text = value.partition(":")
-    else:
-        name, port_text = value, None  # a bare name, or a bare IPv6 address
-    if port_text is None:
-        return (name, None) if name else None
-    if not port_text.isdigit():
-        return None
-    return (name, int(port_text)) if name else None
-
-
-def allowed_names(settings: Settings) -> frozenset[str]:
-    return LOOPBACK_NAMES | {settings.host.strip("[]").lower()}
-
-
-def host_allowed(value: str | None, settings: Settings) -> bool:
-    """A loopback name or the listen address, bare or with the listen port. No Host at all (HTTP/1.0) is no
-    browser's request and passes."""
-    if value is None:
-        return True
-    split = split_host(value)
-    return split is not None and split[0] in allowed_names(settings) and split[1] in (None, settings.port)
-
-
-def origin_allowed(value: str, settings: Settings) -> bool:
-    """The engine's own origin: http(s), a loopback name or the listen address, the listen port. `null` (a sandboxed
-    or file page) and every other origin are foreign."""
-    try:
-        origin = urllib.parse.urlsplit(value.strip())
-        port = origin.port or {"http": 80, "https": 443}.get(origin.scheme)
-    except ValueError:
-        return False
-    return (origin.scheme in ("http", "https") and (origin.hostname or "") in allowed_names(settings)
-            and port == settings.port)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -252,8 +207,7 @@ class KeylessGuard:
     def refusal(self, scope: Scope) -> tuple[int, dict[str, str]] | None:
         """The answer that refuses the request, or None to pass it on."""
         settings, headers = self.settings, _headers(scope)
-        if not settings.api_key and not (host_allowed(headers.get("host"), settings)
-                                         and ("origin" not in headers or origin_allowed(headers["origin"], settings))):
+        if not settings.api_key and not same_origin(headers, settings.host, settings.port):
             return FORBIDDEN
         if scope["type"] == "websocket":
             if settings.api_key and not holds_key(headers, (settings.api_key, settings.admin_api_key)):
@@ -273,15 +227,7 @@ class KeylessGuard:
         if refused is None:
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "websocket":
-            await receive()  # websocket.connect; closing before accepting answers the handshake 403
-            await send({"type": "websocket.close", "code": 1008})  # policy violation
-            return
-        status, content = refused
-        body = json.dumps(content).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await refuse(scope, receive, send, *refused)
 
 
 def install(app: Any) -> None:

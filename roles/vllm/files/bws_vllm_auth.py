@@ -23,8 +23,15 @@ loggers (roles/engine_service/files/bws_access_log.py, shared with SGLang's rele
 line with its client, method, path and status, the query string replaced. No key set, no middleware: there is no key
 to leak.
 
-Installed by the vllm role in the release directory (the unit's PYTHONPATH), beside bws_access_log.py; the standard
-library only.
+Without a key (the role allows that on loopback only) every route serves whoever reaches the port, and vLLM 0.33.0
+checks no `Host` (it has no trusted-hosts option): a web page in a browser on the same machine drives it by DNS
+rebinding. The role then adds `SameOriginOnly` instead, which refuses (403) a request whose `Host` is not a loopback
+name or the listen address, or whose `Origin` is not the engine's own (roles/engine_service/files/bws_same_origin.py,
+the rules SGLang's keyless guard uses). The listen address and port are the ones vLLM parsed (`app.state.args`, set by
+`entrypoints/launchers/app.py` build_app before the middleware is built), read at the first request.
+
+Installed by the vllm role in the release directory (the unit's PYTHONPATH), beside bws_access_log.py and
+bws_same_origin.py; the standard library only.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import os
 import secrets
 
 from bws_access_log import redact_uvicorn_query_strings
+from bws_same_origin import refuse, same_origin
 
 OPEN_PATHS = ("/health", "/ping", "/metrics", "/version")
 logger = logging.getLogger("vllm.bws_vllm_auth")
@@ -51,6 +59,14 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token if scheme.lower() == "bearer" else None
     return None
+
+
+def _refuse(status: int, content: dict) -> list[dict]:
+    """The messages of a JSON reply that refuses a request."""
+    body = json.dumps(content).encode()
+    return [{"type": "http.response.start", "status": status,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
+            {"type": "http.response.body", "body": body}]
 
 
 class RequireApiKey:
@@ -82,7 +98,40 @@ class RequireApiKey:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation
             return
-        body = json.dumps({"error": "Unauthorized"}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        for message in _refuse(401, {"error": "Unauthorized"}):
+            await send(message)
+
+
+def listen_address(scope: dict) -> tuple[str, int]:
+    """The host and port vLLM parsed (`app.state.args`); ValueError when the app carries none."""
+    args = getattr(getattr(scope.get("app"), "state", None), "args", None)
+    port = getattr(args, "port", None)
+    if not isinstance(port, int):
+        raise ValueError("the app carries no parsed arguments (app.state.args.port)")
+    return str(getattr(args, "host", None) or ""), port
+
+
+class SameOriginOnly:
+    """Refuses (403) every request, probes included, whose Host or Origin is not the engine's own; for an engine
+    without a key. A scope whose listen address cannot be read is refused too (fail closed)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self._address: tuple[str, int] | None = None
+        redact_uvicorn_query_strings()
+
+    def allowed(self, scope: dict) -> bool:
+        try:
+            if self._address is None:
+                self._address = listen_address(scope)
+        except ValueError as exc:
+            logger.error("refusing the request: %s", exc)
+            return False
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", [])}
+        return same_origin(headers, *self._address)
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket") or self.allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        await refuse(scope, receive, send, 403, {"error": "Forbidden"})
