@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export DEBIAN_FRONTEND=noninteractive
 
 ANSIBLE_BUNDLE_VERSION=14.5.0   # the bundle that ships the collection versions pinned in requirements.yml
-APT_PACKAGES=(podman runc netavark aardvark-dns iptables mmdebstrap curl rsync)
+APT_PACKAGES=(podman runc netavark aardvark-dns iptables mmdebstrap curl rsync systemd)
 # The contract venvs run on the distribution's python3.11 where there is one (scripts/lib.sh, contract_python):
 # its venv module is a package of its own.
 [ ! -x /usr/bin/python3.11 ] || APT_PACKAGES+=(python3.11-venv)
