@@ -12,12 +12,13 @@ from ansible_collections.blackwell.serving.plugins.module_utils.release.state im
     release_state_stopped,
     release_state_switching,
     release_to_boot,
+    release_to_restore,
     releases_to_prune,
 )
 
 __all__ = ["FilterModule", "release_last_good", "release_rollback_target", "release_state", "release_state_rolled_back",
            "release_state_serving", "release_state_stopped", "release_state_switching", "release_to_boot",
-           "releases_to_prune"]
+           "release_to_restore", "releases_to_prune"]
 
 
 class FilterModule:
@@ -28,5 +29,6 @@ class FilterModule:
             "release_state_switching": release_state_switching,
             "release_state_serving": release_state_serving,
             "release_state_rolled_back": release_state_rolled_back,
+            "release_to_restore": release_to_restore,
             "releases_to_prune": releases_to_prune,
         }

@@ -376,9 +376,11 @@ def test_rollback_to_a_release_whose_venv_was_pruned_or_that_is_not_kept_is_refu
     assert unit_now(host) == before
 
 
-def test_a_power_cut_at_any_step_of_a_rollback_boots_the_release_state_json_names(host, served):
+def test_a_power_cut_at_any_step_of_a_rollback_boots_the_release_state_json_names(host, runs, served):
     """Each distinct state of the disk the sampler saw during rollback.yml's switch from C to A (state.json and the
-    unit in /etc; /run is lost to a power cut), put back and booted: the release state.json names starts, alone."""
+    unit in /etc; /run is lost to a power cut), put back and booted: the release state.json names starts, alone.
+    Where the cut left the switch unfinished, rollback.yml re-run with no release finishes it: A serves, C is
+    previous, as after the uncut rollback."""
     cuts = served["rollback_cuts"]
     assert len(cuts) >= 3, cuts  # at least: switching with C's unit in /etc, switching with A's, serving A
     digests = dict(line.split() for line in host.sh(
@@ -397,3 +399,12 @@ def test_a_power_cut_at_any_step_of_a_rollback_boots_the_release_state_json_name
         assert f"/var/lib/llm-serving/releases/{booted}/config.yaml" in command, (state, etc_release, command)
         assert host.unit("vllm.service")["ActiveState"] == "inactive"
         assert json.loads(host.sh("cat /var/lib/llm-serving/state.json")) == state
+        if state["status"] == "switching":
+            assert state.get("by") == "rollback", state
+            rerun = deploy(host, runs, "rollback.yml")
+            assert rerun.status == "successful", rerun.stdout[-3000:]
+            assert (f"from the interrupted rollback to {served['release_a']} (state.json says switching), which this "
+                    "finishes") in " ".join(rerun.stdout.split())
+            assert host.state() == {"current": served["release_a"], "previous": served["release_c"],
+                                    "status": "serving"}
+            assert host.health() == 200

@@ -10,7 +10,8 @@ state.json holds {"current", "previous", "status"[, "boot"][, "failed"]}:
   and `boot` the last release that passed its gate, which a reboot starts (the same as `previous`, except where the
   release being started is itself the last that passed, or nothing served before: null). A switching state written
   before `boot` existed boots `previous`;
-- status "stopped": teardown stopped `current`; it served before and may be rolled back to.
+- status "stopped": teardown stopped `current`; it served before and may be rolled back to;
+- "by": "rollback" on a switching state that rollback.yml wrote (release_to_restore).
 A state.json written before "status" existed is read as serving.
 
 What a reboot starts is what state.json says (release_to_boot; the boot unit's program,
@@ -59,11 +60,25 @@ def release_rollback_target(state: dict, release_id: str) -> str | None:
     return next((r for r in (release_last_good(state), state["previous"]) if r and r != release_id), None)
 
 
-def release_state_switching(state: dict, release_id: str) -> dict:
+def release_state_switching(state: dict, release_id: str, by: str = "deploy") -> dict:
     """Written before the switch: `release_id` is being started; the rollback target is kept as previous, and the
-    release a reboot starts meanwhile (the last good one; none on a host teardown stopped) as boot."""
-    return {"current": release_id, "previous": release_rollback_target(state, release_id), "status": "switching",
-            "boot": release_to_boot(state)}
+    release a reboot starts meanwhile (the last good one; none on a host teardown stopped) as boot. A switch that
+    rollback.yml makes says so (`"by": "rollback"`), so that rollback.yml re-run with no release after a cut finishes
+    that switch instead of undoing it (release_to_restore); a deploy's switch has no `by`."""
+    if by not in ("deploy", "rollback"):
+        raise ValueError(f"a switch is made by a deploy or a rollback, not {by!r}")
+    switching = {"current": release_id, "previous": release_rollback_target(state, release_id), "status": "switching",
+                 "boot": release_to_boot(state)}
+    return {**switching, "by": "rollback"} if by == "rollback" else switching
+
+
+def release_to_restore(state: dict) -> str | None:
+    """The release rollback.yml starts when none is named: the one an interrupted rollback was starting (finish it,
+    so that a rollback cut at any point ends where it would have ended), else the previous one."""
+    state = release_state(state)
+    if state["status"] == "switching" and state.get("by") == "rollback":
+        return state["current"]
+    return state["previous"]
 
 
 def release_state_serving(state: dict, release_id: str) -> dict:

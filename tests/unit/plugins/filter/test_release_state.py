@@ -101,8 +101,48 @@ def test_nothing_boots_during_a_first_deploy_or_a_deploy_on_a_host_teardown_stop
     assert rs.release_rollback_target(stopped, "sglang-b") == "sglang-a" == switching["previous"]
 
 
+def _rollback(state: dict | None, named: str | None = None) -> list[dict]:
+    """What rollback.yml writes to state.json, in order: the switch, then serving (restore.yml)."""
+    target = named or rs.release_to_restore(state)
+    switching = rs.release_state_switching(state, target, "rollback")
+    return [switching, rs.release_state_serving(switching, target)]
+
+
+@pytest.mark.parametrize("before", [
+    SERVING,  # rollback.yml with no release: back to the previous one
+    # after an interrupted deploy of sglang-b: back to the one that served (its rollback target is then none)
+    rs.release_state_switching(SERVING, "sglang-b"),
+    rs.release_state_stopped(SERVING),  # after teardown
+])
+def test_a_rollback_cut_at_any_point_converges_when_re_run_with_no_release(before: dict) -> None:
+    """Each state.json a power cut can leave (before the switch, switching, serving): rollback.yml re-run with no
+    release ends where the uncut one ended."""
+    switching, finished = _rollback(before)
+    assert switching["by"] == "rollback" and "by" not in finished
+    assert rs.release_to_restore(switching) == switching["current"]  # finish it, never undo it
+    rerun_switching, rerun_finished = _rollback(switching)
+    assert rerun_finished == finished and rerun_switching == switching
+    assert _rollback(before)[1] == finished  # cut before the switch: the same run again
+
+
+def test_a_rollback_to_a_named_release_cut_mid_switch_is_finished_by_a_bare_re_run() -> None:
+    switching, finished = _rollback(SERVING, named="sglang-old")
+    assert _rollback(switching)[1] == finished == {"current": "sglang-old", "previous": "sglang-a",
+                                                   "status": "serving"}
+
+
+def test_an_interrupted_deploy_is_undone_by_a_bare_rollback_and_only_a_switch_by_rollback_is_finished() -> None:
+    interrupted = rs.release_state_switching(SERVING, "sglang-b")
+    assert "by" not in interrupted
+    assert rs.release_to_restore(interrupted) == "sglang-a"  # the release that served before the deploy
+    assert rs.release_to_restore(SERVING) == "vllm-p" and rs.release_to_restore(None) is None
+    with pytest.raises(ValueError, match="a deploy or a rollback, not 'teardown'"):
+        rs.release_state_switching(SERVING, "sglang-b", "teardown")
+
+
 @pytest.mark.parametrize("state", [
     None, SERVING, {"current": "a", "previous": None}, rs.release_state_stopped(SERVING),
+    rs.release_state_switching(SERVING, "sglang-b", "rollback"),
     rs.release_state_switching(SERVING, "sglang-b"), rs.release_state_switching(SERVING, "sglang-a"),
     rs.release_state_switching(None, "sglang-a"),
     {"current": "sglang-h", "previous": "sglang-c", "status": "switching"},
