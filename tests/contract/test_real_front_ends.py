@@ -171,7 +171,8 @@ def test_sglang_alone_publishes_its_keys_where_it_publishes_its_arguments(tmp_pa
     release.mkdir()
     for name in ("bws_sglang_guard.py", "bws_sglang_logging.py"):
         shutil.copy(REPO_ROOT / "roles" / "sglang" / "files" / name, release)
-    shutil.copy(REPO_ROOT / "roles" / "engine_service" / "files" / "bws_access_log.py", release)
+    for name in ("bws_access_log.py", "bws_same_origin.py"):  # both releases ship them
+        shutil.copy(REPO_ROOT / "roles" / "engine_service" / "files" / name, release)
     shutil.copytree(REPO_ROOT / "roles" / "sglang" / "files" / "bws_sglang_guard-1.dist-info",
                     release / "bws_sglang_guard-1.dist-info")
     probe = ("import json, sys\n"

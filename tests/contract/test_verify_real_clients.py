@@ -100,7 +100,8 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
     other_model = _model_dir(work / "models" / "kimi-other", "deadbeef00000000000000000000000000000002")
     doubles = {name: EngineDouble(work, name, flavour, speculative=spec, options=KIMI_PARSER,
                                   env={**denv, "ENGINE_DOUBLE_REQUEST_LOG": str(work / f"{name}-requests.jsonl")})
-               for name, flavour, spec, denv in (("base", "sglang", False, SPEED), ("slow", "sglang", True, SLOW),
+               for name, flavour, spec, denv in (("base", "sglang", False, SPEED), ("base2", "sglang", False, SPEED),
+                                                 ("slow", "sglang", True, SLOW),
                                                  ("fast", "sglang", True, FAST), ("fast2", "sglang", True, FAST),
                                                  ("vfast", "vllm", True, FAST))}
     reports = work / "artifacts"
@@ -140,7 +141,7 @@ def runs(clients, tmp_path_factory: pytest.TempPathFactory):
                                  state=work / "state" / "other_commit"),
             "vllm": host("vllm", doubles["vfast"], "kimi-eagle3", model, **SAMPLED),
             # the same key measured again: the new numbers replace the old, which move to the history
-            "rerecord": host("rerecord", doubles["base"], "kimi-plain", model, state=work / "state" / "rerecord",
+            "rerecord": host("rerecord", doubles["base2"], "kimi-plain", model, state=work / "state" / "rerecord",
                              verify_mode="baseline", **SAMPLED),
         })
         result_2 = run_verify(second, env=env, timeout_s=300, verbosity='-v', workdir=work)
