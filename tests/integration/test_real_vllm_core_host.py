@@ -75,34 +75,6 @@ def test_deploy_serves_from_the_real_core_and_its_gate_reads_the_real_counters(h
     assert report["gate"]["passed"] is True, report["gate"]
 
 
-# One request per line of `cases` (Host, Origin; "-" for none) from inside the host, each printed as its status.
-ASK = """
-import http.client, sys
-for line in sys.stdin.read().splitlines():
-    host, origin = line.split()
-    connection = http.client.HTTPConnection("127.0.0.1", 30000, timeout=30)
-    connection.putrequest("GET", "/v1/models", skip_host=True)
-    for name, value in (("Host", host), ("Origin", origin)):
-        if value != "-":
-            connection.putheader(name, value)
-    connection.endheaders()
-    print(connection.getresponse().status)
-"""
-
-
-def test_without_a_key_the_real_core_answers_only_its_own_host_and_origin(host, runs):
-    """No vllm_api_key (loopback): the role's SameOriginOnly middleware, in the real vLLM API server of the deploy,
-    refuses a DNS-rebinding page (its own Host) and a cross-origin page (its Origin), and serves loopback."""
-    argv = json.loads(host.sh(f"cat /var/lib/llm-serving/releases/{host.state()['current']}/argv.json"))
-    assert argv[argv.index("--middleware") + 1] == "bws_vllm_auth.SameOriginOnly"
-    cases = {"127.0.0.1:30000 -": "200", "localhost:30000 http://localhost:30000": "200",
-             "evil.example:30000 -": "403", "evil.example -": "403", "127.0.0.1:30000 http://evil.example": "403",
-             "127.0.0.1:30000 null": "403"}
-    script = ASK.replace("'", "'\\''")
-    asked = host.sh(f"printf '%s\\n' {' '.join(repr(case) for case in cases)} | python3 -c '{script}'")
-    assert dict(zip(cases, asked.split(), strict=True)) == cases
-
-
 def test_a_readiness_timeout_while_the_real_core_loads_rolls_back(host, runs):
     """The real core takes tens of seconds to import, load and size its cache: a readiness bound shorter than that
     fails the deploy while it loads, naming the bound, and the release before it serves again."""
