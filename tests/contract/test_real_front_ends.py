@@ -493,31 +493,6 @@ def test_sglang_alone_reflects_any_origin_with_credentials(sglang: RealFrontEnd)
     assert headers.get("access-control-allow-credentials") == "true", headers
 
 
-def test_sglang_without_a_key_refuses_a_foreign_origin_and_a_foreign_host(sglang_keyless: RealFrontEnd) -> None:
-    port = sglang_keyless.port
-    chat = json.dumps({"model": sglang_keyless.served_name, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "What is 3 + 4?"}]}).encode()
-    json_type = {"Content-Type": "application/json"}
-    before = _engine_requests(sglang_keyless)
-    # a cross-origin page: its request and its preflight
-    assert _raw(sglang_keyless, "POST", "/v1/chat/completions", {**json_type, "Origin": "http://evil.example"},
-                chat)[0] == 403
-    assert _raw(sglang_keyless, "OPTIONS", "/v1/chat/completions", {
-        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})[0] == 403
-    assert _raw(sglang_keyless, "GET", "/v1/models", {"Origin": "null"})[0] == 403
-    # a DNS-rebinding page: its own host name, the engine's port
-    assert _raw(sglang_keyless, "POST", "/v1/chat/completions", {**json_type, "Host": f"evil.example:{port}"},
-                chat)[0] == 403
-    assert _raw(sglang_keyless, "GET", "/v1/models", {"Host": "evil.example"})[0] == 403
-    assert _engine_requests(sglang_keyless) == before  # none of them reached generation
-    # loopback, as the roles' clients and verify ask
-    assert _raw(sglang_keyless, "GET", "/v1/models", {})[0] == 200
-    assert _raw(sglang_keyless, "GET", "/v1/models", {"Host": f"localhost:{port}"})[0] == 200
-    assert _raw(sglang_keyless, "GET", "/v1/models", {"Origin": f"http://127.0.0.1:{port}"})[0] == 200
-    status, _, body = _raw(sglang_keyless, "POST", "/v1/chat/completions", json_type, chat)
-    assert status == 200 and b'"choices"' in body, body[:300]
-
-
 @pytest.fixture(scope="module")
 def vllm_keyless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFrontEnd]:
     """vLLM without an API key: as the vllm role runs it on loopback without vllm_api_key (SameOriginOnly)."""
@@ -537,27 +512,36 @@ def test_vllm_alone_answers_a_foreign_host_and_origin(vllm_alone: RealFrontEnd) 
     assert _raw(vllm_alone, "GET", "/v1/models", {**key, "Origin": "http://evil.example"})[0] == 200
 
 
-def test_vllm_without_a_key_refuses_a_foreign_origin_and_a_foreign_host(vllm_keyless: RealFrontEnd) -> None:
-    port = vllm_keyless.port
-    chat = json.dumps({"model": vllm_keyless.served_name, "max_tokens": 4,
+@pytest.mark.parametrize("front_end", ["sglang_keyless", "vllm_keyless"])
+def test_without_a_key_a_foreign_origin_and_a_foreign_host_are_refused(request: pytest.FixtureRequest,
+                                                                        front_end: str) -> None:
+    """Both engines as the roles run them without a key: SGLang's KeylessGuard and vLLM's SameOriginOnly, one rule
+    (roles/engine_service/files/bws_same_origin.py), before any route, the probes included."""
+    keyless: RealFrontEnd = request.getfixturevalue(front_end)
+    port = keyless.port
+    chat = json.dumps({"model": keyless.served_name, "max_tokens": 4,
                        "messages": [{"role": "user", "content": "What is 3 + 4?"}]}).encode()
     json_type = {"Content-Type": "application/json"}
-    before = _engine_requests(vllm_keyless)
-    assert _raw(vllm_keyless, "POST", "/v1/chat/completions", {**json_type, "Origin": "http://evil.example"},
+    before = _engine_requests(keyless)
+    # a cross-origin page: its request and its preflight
+    assert _raw(keyless, "POST", "/v1/chat/completions", {**json_type, "Origin": "http://evil.example"},
                 chat)[0] == 403
-    assert _raw(vllm_keyless, "OPTIONS", "/v1/chat/completions", {
+    assert _raw(keyless, "OPTIONS", "/v1/chat/completions", {
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})[0] == 403
-    assert _raw(vllm_keyless, "GET", "/v1/models", {"Origin": "null"})[0] == 403
-    assert _raw(vllm_keyless, "POST", "/v1/chat/completions", {**json_type, "Host": f"evil.example:{port}"},
+    assert _raw(keyless, "GET", "/v1/models", {"Origin": "null"})[0] == 403
+    # a DNS-rebinding page: its own host name, the engine's port
+    assert _raw(keyless, "POST", "/v1/chat/completions", {**json_type, "Host": f"evil.example:{port}"},
                 chat)[0] == 403
-    assert _raw(vllm_keyless, "POST", "/invocations", {**json_type, "Host": "evil.example"}, chat)[0] == 403
-    assert _raw(vllm_keyless, "GET", "/health", {"Host": "evil.example"})[0] == 403
-    assert _engine_requests(vllm_keyless) == before  # none of them reached generation
+    assert _raw(keyless, "GET", "/v1/models", {"Host": "evil.example"})[0] == 403
+    assert _raw(keyless, "POST", "/invocations", {**json_type, "Host": "evil.example"}, chat)[0] == 403
+    assert _raw(keyless, "GET", "/health", {"Host": "evil.example"})[0] == 403
+    assert _engine_requests(keyless) == before  # none of them reached generation
     # loopback, as the roles' clients and verify ask
-    assert _raw(vllm_keyless, "GET", "/health", {})[0] == 200
-    assert _raw(vllm_keyless, "GET", "/v1/models", {"Host": f"localhost:{port}"})[0] == 200
-    assert _raw(vllm_keyless, "GET", "/v1/models", {"Origin": f"http://127.0.0.1:{port}"})[0] == 200
-    status, _, body = _raw(vllm_keyless, "POST", "/v1/chat/completions", json_type, chat)
+    assert _raw(keyless, "GET", "/health", {})[0] == 200
+    assert _raw(keyless, "GET", "/v1/models", {})[0] == 200
+    assert _raw(keyless, "GET", "/v1/models", {"Host": f"localhost:{port}"})[0] == 200
+    assert _raw(keyless, "GET", "/v1/models", {"Origin": f"http://127.0.0.1:{port}"})[0] == 200
+    status, _, body = _raw(keyless, "POST", "/v1/chat/completions", json_type, chat)
     assert status == 200 and b'"choices"' in body, body[:300]
 
 

@@ -12,9 +12,10 @@ Standard library only: it runs on the target.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
+
+from ansible_collections.blackwell.serving.plugins.module_utils.release.state import JsonFileError, read_json_file
 
 BASELINES_DIR = "verify-baselines"
 HISTORY_DIR = "history"
@@ -27,9 +28,8 @@ KEY_FIELDS = ("engine", "engine_version", "model", "gpu_model", "tensor_parallel
 def _document(path: str) -> tuple[dict[str, Any] | None, str]:
     """The baseline at ``path``, or None and why it cannot be read."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError) as exc:
+        document, _ = read_json_file(path)
+    except (OSError, JsonFileError) as exc:
         return None, f"cannot be read: {exc}"
     if not isinstance(document, dict) or document.get("kind") != "verify-baseline":
         return None, "is not a verify baseline (its kind is not verify-baseline)"

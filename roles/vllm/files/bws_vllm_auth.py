@@ -20,8 +20,8 @@ starts (`entrypoints/launchers/api_server/entry.py`: uvicorn's defaults, or a fi
 `--log-config-file` / VLLM_LOGGING_CONFIG_PATH, which then replaces vLLM's own logging configuration too). When vLLM
 builds this middleware (at the app's start, after that configuration), it puts `RedactQueryString` on those two
 loggers (roles/engine_service/files/bws_access_log.py, shared with SGLang's release): the access log stays, each
-line with its client, method, path and status, the query string replaced. No key set, no middleware: there is no key
-to leak.
+line with its client, method, path and status, the query string replaced. Without a key the keyless middleware below
+does the same (no key to leak then, but a query string may hold other secrets).
 
 Without a key (the role allows that on loopback only) every route serves whoever reaches the port, and vLLM 0.33.0
 checks no `Host` (it has no trusted-hosts option): a web page in a browser on the same machine drives it by DNS
@@ -37,7 +37,6 @@ bws_same_origin.py; the standard library only.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -59,14 +58,6 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token if scheme.lower() == "bearer" else None
     return None
-
-
-def _refuse(status: int, content: dict) -> list[dict]:
-    """The messages of a JSON reply that refuses a request."""
-    body = json.dumps(content).encode()
-    return [{"type": "http.response.start", "status": status,
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
-            {"type": "http.response.body", "body": body}]
 
 
 class RequireApiKey:
@@ -98,8 +89,7 @@ class RequireApiKey:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation
             return
-        for message in _refuse(401, {"error": "Unauthorized"}):
-            await send(message)
+        await refuse(scope, receive, send, 401, {"error": "Unauthorized"})
 
 
 def listen_address(scope: dict) -> tuple[str, int]:
