@@ -30,9 +30,14 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || die "no host name given ($usage)"
 
+# /run shared, as systemd makes every mount on a real host (podman's own /run is private, and systemd, run by a
+# container manager, leaves it so): systemd mounts a unit's credentials (LoadCredential=, the vllm role's API key)
+# through /run/systemd/propagate, and under a private /run the unit finds its $CREDENTIALS_DIRECTORY empty, silently
+# (systemd/systemd#38103).
+run_tmpfs=(--tmpfs /run:rw,nosuid,nodev,mode=755,rshared)
 for name in "$@"; do
   podman run -d --replace --name "$name" --hostname "$name" --systemd=always --cap-add=SYS_ADMIN "${caps[@]}" "${shm[@]}" \
-    --label "$label" "${volumes[@]}" "$image" /sbin/init >/dev/null
+    "${run_tmpfs[@]}" --label "$label" "${volumes[@]}" "$image" /sbin/init >/dev/null
 done
 # podman exec races the container's bus at first: poll, within a bound.
 for name in "$@"; do

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# What an entry may set besides name and content; unset, the module's defaults: root:<service group> 0640.
+_PASSED = ("owner", "group", "mode")
+
 
 def release_file_specs(files: list[dict[str, Any]], secret: bool) -> list[dict[str, str]]:
-    """The entries whose `secret` flag equals `secret` (absent = false), as {name, content}: configuration files
-    are root:<service group> 0640, the module's defaults."""
-    return [{"name": entry["name"], "content": entry["content"]}
+    """The entries whose `secret` flag equals `secret` (absent = false), as {name, content} plus the owner, group
+    and mode an entry gives (a credential only systemd reads: root:root 0600)."""
+    return [{"name": entry["name"], "content": entry["content"],
+             **{key: str(entry[key]) for key in _PASSED if entry.get(key) not in (None, "")}}
             for entry in files if _truthy(entry.get("secret", False)) == secret]
 
 

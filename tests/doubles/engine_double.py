@@ -90,6 +90,7 @@ import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 DOUBLE_MARKER = "ENGINE TEST DOUBLE (not an engine)"
 VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
@@ -156,6 +157,16 @@ def parse_cli(argv: list[str]) -> dict[str, object]:
     return options
 
 
+def credential_api_key() -> str:
+    """The key a vllm release passes as the systemd credential `api-key` (LoadCredential=), read as the release's
+    key guard reads it (roles/vllm/files/bws_vllm_auth.py, credential_key); empty without one."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY", "")
+    try:
+        return (Path(directory) / "api-key").read_text(encoding="utf-8").removesuffix("\n") if directory else ""
+    except OSError:
+        return ""
+
+
 class Engine:
     """State shared by the HTTP handlers: configuration, counters, readiness."""
 
@@ -164,7 +175,7 @@ class Engine:
         self.options = options
         self.model_path = str(options.get("model-path") or options.get("model") or "/models/unknown")
         self.served_name = str(options.get("served-model-name") or self.model_path)
-        self.api_key = options.get("api-key") or os.environ.get("VLLM_API_KEY") or None
+        self.api_key = options.get("api-key") or credential_api_key() or None
         self.admin_api_key = options.get("admin-api-key") or None
         self.fault = os.environ.get("ENGINE_DOUBLE_FAULT", "none")
         if self.fault not in FAULTS:

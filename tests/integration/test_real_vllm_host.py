@@ -4,10 +4,14 @@ with the production unit, config and key files (real_engine_host.py)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from tests.integration import real_engine_scenario as scenario
-from tests.integration.lifecycle_helpers import CONTAINER_MARKS, assert_api_key_nowhere
+from tests.integration.engine_host import podman
+from tests.integration.lifecycle_helpers import API_KEY, CONTAINER_MARKS, assert_api_key_nowhere
 from tests.integration.real_engine_host import booted_real_engine_host
 
 pytestmark = CONTAINER_MARKS
@@ -31,6 +35,45 @@ def test_deploy_serves_from_the_real_front_end(host, runs):
     scenario.deploy_serves_from_the_real_front_end(host, runs, ENGINE)
 
 
+def test_the_api_key_reaches_the_api_server_alone_as_its_credential(host, runs):
+    """The key is a root-only file of the release that systemd hands the API server (LoadCredential=); it is in no
+    process's environment (vLLM's engine core inherits the API server's, the pre-build the unit's), and the gate's
+    keyed requests passed, so the release's key guard read it."""
+    unit_text = host.sh("cat /etc/systemd/system/vllm.service")
+    credential = r"^LoadCredential=api-key:/var/lib/llm-serving/releases/[^/]+/api-key$"
+    assert re.search(credential, unit_text, re.MULTILINE), unit_text
+    assert "EnvironmentFile=" not in unit_text and "VLLM_API_KEY" not in unit_text
+    assert host.sh("find /var/lib/llm-serving/releases -name 'api-key*' -printf '%f %u:%g %m\\n' | sort -u") == \
+        "api-key root:root 600"
+    seen = json.loads(podman("exec", host.name, "python3", "-c", ENVIRON_SCAN, API_KEY).stdout)
+    # Every process of the engine user was read (an unreadable environment would pass any search), the key in none.
+    assert seen["engine_processes"] >= 1 and seen["engine_environments_read"] == seen["engine_processes"], seen
+    assert seen["holding"] == [], seen
+
+
+# Run on the host as root: how many processes the engine user runs, and which processes' environments hold the key.
+ENVIRON_SCAN = """
+import json, os, pwd, sys
+key, uid = sys.argv[1].encode(), pwd.getpwnam("vllm").pw_uid
+pids = [p for p in os.listdir("/proc") if p.isdigit()]
+def environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
+def owner(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+engine = [p for p in pids if owner(p) == uid]
+print(json.dumps({"engine_processes": len(engine),
+                  "engine_environments_read": sum(b"CREDENTIALS_DIRECTORY=" in environ(p) for p in engine),
+                  "holding": [open(f"/proc/{p}/comm").read().strip() for p in pids if key in environ(p)]}))
+"""
+
+
 def test_verify_passes_with_the_real_parsers(host, runs):
     scenario.verify_passes_with_the_real_parsers(host, runs, ENGINE)
 
@@ -48,7 +91,7 @@ def test_a_slow_load_whose_only_progress_is_bytes_read_is_not_rolled_back(host, 
 
 
 def test_the_api_key_reaches_no_journal_argv_unit_or_runner_artifact(host, runs):
-    """vLLM reads the key from the release's environment file (VLLM_API_KEY), never from argv."""
+    """vLLM's key guard reads the key from its credential, never from argv."""
     assert scenario.secret_forms_in_journal(host, ENGINE) == []
     assert_api_key_nowhere(host, runs)
 

@@ -89,6 +89,17 @@ def test_a_task_sees_the_container_as_podman_exec_shows_it(host):
     assert host.sh("cat /root/payload.txt") == "first"
 
 
+def test_a_unit_gets_its_credentials_as_on_a_real_host(host):
+    """/run is shared, as systemd makes it on a real host (scripts/boot-test-host.sh): under podman's private /run a
+    unit's $CREDENTIALS_DIRECTORY is empty and the vllm role's key never reaches vLLM (systemd/systemd#38103)."""
+    assert host.sh("findmnt -no PROPAGATION /run") == "shared"
+    host.sh("id credtest >/dev/null 2>&1 || useradd --system credtest; umask 077; printf s3cr3t-cred > /root/cred")
+    seen = host.sh("systemd-run --wait --pipe --quiet -p User=credtest -p PrivateMounts=yes"
+                   " -p LoadCredential=api-key:/root/cred sh -c 'cd \"$CREDENTIALS_DIRECTORY\";"
+                   " stat -c \"%U %a\" api-key; cat api-key; echo; env | grep -c s3cr3t-cred || true'")
+    assert seen.splitlines() == ["credtest 400", "s3cr3t-cred", "0"]
+
+
 def test_a_restarted_container_is_found_again_and_a_stopped_one_is_named(host):
     before = podman("inspect", "--format", "{{.State.Pid}}", NAME).stdout.strip()
     podman("restart", "-t", "0", NAME)

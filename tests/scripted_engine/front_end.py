@@ -71,11 +71,11 @@ class RealFrontEnd:
         self.routes_file = workdir / f"{name}.routes.json"
         # The entry point writes the real app's route table there once the app is built (path, methods).
         full_env = {**os.environ, "SCRIPTED_ENGINE_ROUTES_FILE": str(self.routes_file), **(env or {})}
-        if flavour == "vllm" and api_key:
-            full_env["VLLM_API_KEY"] = api_key  # as the deploy gives it: an EnvironmentFile, not argv
         full_env.pop("PYTHONPATH", None)
         if deploy_guards:
             full_env.update(self._deploy_guards(workdir / f"{name}.release", args))
+        elif flavour == "vllm" and api_key:
+            full_env["VLLM_API_KEY"] = api_key  # vLLM alone: its own key check, as upstream documents it
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
@@ -105,6 +105,12 @@ class RealFrontEnd:
         else:
             shutil.copy(ROLES / "vllm" / "files" / "bws_vllm_auth.py", release_dir)
             args += ["--middleware", "bws_vllm_auth.RequireApiKey" if self.api_key else "bws_vllm_auth.SameOriginOnly"]
+            if self.api_key:  # as the unit's LoadCredential=api-key gives it: a file of its own, not the environment
+                credentials = release_dir.parent / f"{release_dir.name}.credentials"
+                credentials.mkdir(mode=0o700, exist_ok=True)
+                (credentials / "api-key").write_text(self.api_key, encoding="utf-8")
+                (credentials / "api-key").chmod(0o400)
+                guards["CREDENTIALS_DIRECTORY"] = str(credentials)
         return guards
 
     def _sglang_args(self, workdir: Path, model: Path, drafter: Path, options: dict | None) -> list[str]:

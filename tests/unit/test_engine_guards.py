@@ -115,9 +115,18 @@ def call(middleware, path: str, *, key: str | None = None, method: str = "POST",
     return sent
 
 
+def pass_credential(monkeypatch: pytest.MonkeyPatch, directory: Path, content: str | None) -> None:
+    """As systemd's LoadCredential=api-key:... gives it: $CREDENTIALS_DIRECTORY/api-key (None: the unit passes none)."""
+    directory.mkdir(exist_ok=True)
+    if content is not None:
+        (directory / "api-key").write_text(content, encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(directory))
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+
+
 @pytest.fixture
-def guard(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("VLLM_API_KEY", KEY)
+def guard(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    pass_credential(monkeypatch, tmp_path / "credentials", KEY)
     sent: list[dict] = []
 
     async def app(scope, receive, send) -> None:
@@ -154,8 +163,14 @@ def test_vllm_guard_passes_cors_preflight_and_closes_an_unkeyed_websocket(guard)
     assert run(guard, "/v1/realtime", kind="websocket", method="GET", key=KEY) == "passed"
 
 
-def test_vllm_guard_without_a_key_in_its_environment_refuses_every_guarded_route(monkeypatch) -> None:
-    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+@pytest.mark.parametrize("where", ["no credentials directory", "no api-key credential", "an empty credential"])
+def test_vllm_guard_without_its_credential_refuses_every_guarded_route(monkeypatch, tmp_path: Path, where) -> None:
+    """Fail closed; and the key in the environment, where vLLM itself would look, is not taken: it must not be there."""
+    if where == "no credentials directory":
+        monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    else:
+        pass_credential(monkeypatch, tmp_path / "credentials", None if where == "no api-key credential" else "")
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
     sent: list[dict] = []
 
     async def app(scope, receive, send) -> None:
@@ -163,7 +178,20 @@ def test_vllm_guard_without_a_key_in_its_environment_refuses_every_guarded_route
 
     middleware = vllm_auth.RequireApiKey(app)
     assert run((middleware, sent), "/invocations", key="") == "401"
+    assert run((middleware, sent), "/invocations", key=KEY) == "401"
     assert run((middleware, sent), "/health", method="GET") == "passed"
+
+
+def test_vllm_guard_reads_a_credential_written_with_a_trailing_newline(monkeypatch, tmp_path: Path) -> None:
+    pass_credential(monkeypatch, tmp_path / "credentials", KEY + "\n")
+    sent: list[dict] = []
+
+    async def app(scope, receive, send) -> None:
+        sent.append({"passed": True})
+
+    middleware = vllm_auth.RequireApiKey(app)
+    assert run((middleware, sent), "/invocations", key=KEY) == "passed"
+    assert run((middleware, sent), "/invocations", key=KEY + "\n") == "401"
 
 
 # --- vLLM without a key: its own Host and Origin only ----------------------------------------------------------------

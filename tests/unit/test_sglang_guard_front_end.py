@@ -347,8 +347,10 @@ def test_other_records_pass_unchanged() -> None:
     assert record.getMessage() == "What is 1 + 2?"
 
 
-def test_the_vllm_middleware_puts_the_filter_on_uvicorns_loggers_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_API_KEY", KEY)
+def test_the_vllm_middleware_puts_the_filter_on_uvicorns_loggers_once(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    (tmp_path / "api-key").write_text(KEY, encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
     for name in access_log.UVICORN_LOGGERS:
         for existing in list(logging.getLogger(name).filters):
             logging.getLogger(name).removeFilter(existing)

@@ -29,7 +29,7 @@ UNIT_VARS = {
     "engine_service_user": "sglang", "engine_service_group": "sglang", "engine_service_name": "sglang",
     "engine_service_writable_paths": ["/srv/models"],
     "engine_service_environment": {"HF_HOME": "/var/cache/sglang/hf", "HF_HUB_OFFLINE": "1"},
-    "engine_service_environment_file": "", "engine_service_credentials": [],
+    "engine_service_credentials": [],
     "engine_service_exec_start": ["/usr/bin/python3", "-m", "sglang.launch_server", "--config", "/x/config.yaml"],
     "engine_service_timeout_start_s": "infinity", "engine_service_timeout_stop_s": 180, "engine_service_restart_s": 30,
     "engine_service_limit_nofile": 1048576, "engine_service_state_dir": "/var/lib/llm-serving",

@@ -1,6 +1,7 @@
 """What systemd makes of a unit file: its [Service] settings and the environment it gives the process
 (stdlib only; runs on the target). Used by the interconnect_proof module to run the proof as the unit runs, by
-secrets/unit_secrets.py to find the keys a unit gives its engine, and by engine_drain for the unit's command line."""
+secrets/unit_secrets.py to find the keys a unit gives its engine (its environment and its LoadCredential= files), and by
+engine_drain for the unit's command line."""
 
 from __future__ import annotations
 
@@ -95,6 +96,17 @@ def unit_environment(settings: list[tuple[str, str]], read_file=None) -> dict[st
                 raise OSError(f"EnvironmentFile {path} of the unit cannot be read")
             env.update(parse_environment_file(text or ""))
     return env
+
+
+def load_credentials(settings: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(id, source) of every LoadCredential=ID[:PATH] of the unit, in order; the source is the id itself where no
+    path is given (systemd then looks the id up in its credential stores)."""
+    credentials = []
+    for key, value in settings:
+        if key == "LoadCredential" and value:
+            credential_id, sep, source = value.partition(":")
+            credentials.append((credential_id, source if sep else credential_id))
+    return credentials
 
 
 def read_text(path: str) -> str | None:

@@ -60,6 +60,15 @@ def mask_secret_values(text: str, masked_names: list[str]) -> tuple[str, list[st
     return "".join(lines), hidden
 
 
+def mask_secret_file(name: str, text: str, masked_names: list[str]) -> tuple[str, list[str]]:
+    """A secret file masked: whole where its own name is a secret name (a credential file such as `api-key` holds
+    nothing but the key), else each secret-named assignment in it."""
+    if is_secret_name(os.path.basename(name), masked_names):
+        value = text.strip()
+        return (MASK + "\n" if value else text), ([value] if value else [])
+    return mask_secret_values(text, masked_names)
+
+
 def read_text(path: str) -> str | None:
     try:
         with open(path, "rb") as handle:
@@ -95,8 +104,8 @@ def compare_with_serving(state_dir: str, serving_id: str, release_id: str, files
         note = ""
         # A file only the serving release has is masked too: whether it was secret there is not known here.
         if name in secret or new is None:
-            shown_old, old_hidden = mask_secret_values(shown_old, masked_names)
-            shown_new, new_hidden = mask_secret_values(shown_new, masked_names)
+            shown_old, old_hidden = mask_secret_file(name, shown_old, masked_names)
+            shown_new, new_hidden = mask_secret_file(name, shown_new, masked_names)
             hidden += old_hidden + new_hidden
             if shown_old == shown_new:
                 note = f"# {name}: a secret value changed (masked)\n"

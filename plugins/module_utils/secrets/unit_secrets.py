@@ -4,8 +4,9 @@ verify never holds it). Standard library only: it runs on the target.
 
 Where the unit holds them: its command line (`--<flag> VALUE` or `--<flag>=VALUE`), the flat config file its command
 line names with `--config FILE` (`key: <JSON value>` lines, as the sglang role renders it), and its environment
-(Environment=, EnvironmentFile=: a variable whose name ends with the flag's, `VLLM_API_KEY` for `api-key`). The flags
-are the engine roster's `secret_flags`.
+(Environment=, EnvironmentFile=: a variable whose name ends with the flag's, `VLLM_API_KEY` for `api-key`), and the
+files it passes as credentials (LoadCredential=ID:PATH whose id ends with the flag's name, `api-key` as the vllm role
+writes it: the whole file is the secret). The flags are the engine roster's `secret_flags`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from ansible_collections.blackwell.serving.plugins.module_utils.host.systemd import unit_properties
 from ansible_collections.blackwell.serving.plugins.module_utils.host.unit_file import (
     exec_start_argv,
+    load_credentials,
     read_text,
     service_settings,
     unit_environment,
@@ -65,9 +67,26 @@ def environment_values(environment: dict[str, str], flags: list[str]) -> list[st
     return [value for name, value in environment.items() if ("_" + name).endswith(suffixes)]
 
 
+def credential_values(credentials: list[tuple[str, str]], flags: list[str], read: Reader) -> list[str]:
+    """The contents of the credentials whose id names a secret flag (`api-key`, `admin_api_key` alike), one trailing
+    newline dropped as the engine's reader drops it; raises UnitSecretsError for one whose file cannot be read (a
+    relative path or bare id is looked up in systemd's credential stores, which this does not search)."""
+    names = [flag.replace("_", "-").lower() for flag in flags]
+    values = []
+    for credential_id, source in credentials:
+        norm = credential_id.replace("_", "-").lower()
+        if not any(norm == name or norm.endswith("-" + name) for name in names):
+            continue
+        text = read(source) if source.startswith("/") else None
+        if text is None:
+            raise UnitSecretsError(f"the unit's credential {credential_id} ({source}) cannot be read")
+        values.append(text.removesuffix("\n"))
+    return values
+
+
 def unit_text_secrets(unit_text: str, flags: list[str], read: Reader = read_text) -> list[str]:
     """The non-empty secret values a unit file gives its process; raises UnitSecretsError when a file it names
-    (its --config, a non-optional EnvironmentFile=) cannot be read."""
+    (its --config, a non-optional EnvironmentFile=, a LoadCredential= of a secret flag) cannot be read."""
     settings = service_settings(unit_text)
     argv = exec_start_argv(settings)
     values = argv_values(argv, flags)
@@ -81,6 +100,7 @@ def unit_text_secrets(unit_text: str, flags: list[str], read: Reader = read_text
         values += environment_values(unit_environment(settings, read), flags)
     except OSError as error:
         raise UnitSecretsError(str(error)) from error
+    values += credential_values(load_credentials(settings), flags, read)
     return sorted({value for value in values if value})
 
 

@@ -10,8 +10,11 @@ vLLM has no switch to guard or drop them; it does take extra ASGI middleware by 
 Open without the key, as SGLang leaves them (`srt/utils/auth.py`): the probes and the scrape, which carry no
 prompt and no completion (/health, /ping, /metrics, /version) and CORS preflights (OPTIONS). Everything
 else, HTTP and WebSocket, needs `Authorization: Bearer <key>`, compared as vLLM compares it (SHA-256 digests,
-constant time). The key comes from VLLM_API_KEY, as the release's api-key.env gives it to vLLM itself; with
-no key there every guarded request is refused (the role adds this middleware only when a key is set).
+constant time). The key is the systemd credential `api-key` (the unit's `LoadCredential=api-key:<release>/api-key`,
+a root-only file): systemd gives the API server process a copy in `$CREDENTIALS_DIRECTORY/api-key`, readable by the
+service user alone, so the key is in no process's environment (vLLM's engine core and workers inherit the API
+server's) and vLLM's own VLLM_API_KEY check stays off (this middleware covers its routes too). Without the credential
+every guarded request is refused (fail closed; the role adds this middleware only when a key is set).
 
 uvicorn's access log writes each request target as the client sent it, query string included (logger
 `uvicorn.access`; WebSocket handshakes on `uvicorn.error`), and a key a client put in a query string (`?api_key=...`:
@@ -40,16 +43,32 @@ import hashlib
 import logging
 import os
 import secrets
+from pathlib import Path
 
 from bws_access_log import redact_uvicorn_query_strings
 from bws_same_origin import refuse, same_origin
 
 OPEN_PATHS = ("/health", "/ping", "/metrics", "/version")
+CREDENTIAL = "api-key"
 logger = logging.getLogger("vllm.bws_vllm_auth")
 
 
 def is_open(path: str) -> bool:
     return any(path == open_path or path.startswith(open_path + "/") for open_path in OPEN_PATHS)
+
+
+def credential_key() -> str:
+    """The API key systemd passed as the credential `api-key` (one trailing newline dropped); empty when there is
+    none, which refuses every guarded request."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY", "")
+    if not directory:
+        logger.warning("no CREDENTIALS_DIRECTORY: the unit passes no credential %s", CREDENTIAL)
+        return ""
+    try:
+        return (Path(directory) / CREDENTIAL).read_text(encoding="utf-8").removesuffix("\n")
+    except OSError as exc:
+        logger.warning("the credential %s cannot be read: %s", CREDENTIAL, exc.strerror or exc)
+        return ""
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -65,10 +84,10 @@ class RequireApiKey:
 
     def __init__(self, app) -> None:
         self.app = app
-        key = os.environ.get("VLLM_API_KEY", "")
+        key = credential_key()
         self._digest = hashlib.sha256(key.encode("utf-8")).digest() if key else None
         if self._digest is None:
-            logger.warning("VLLM_API_KEY is not set: every route but %s is refused", ", ".join(OPEN_PATHS))
+            logger.warning("no API key: every route but %s is refused", ", ".join(OPEN_PATHS))
         redact_uvicorn_query_strings()
 
     def allowed(self, scope: dict) -> bool:

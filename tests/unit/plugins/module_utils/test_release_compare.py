@@ -84,12 +84,30 @@ def test_a_rotated_key_alone_is_said_without_showing_it(tmp_path: Path) -> None:
 
 
 def test_a_key_that_also_appears_under_another_name_is_scrubbed_there_too(tmp_path: Path) -> None:
-    serving_release(tmp_path, "vllm-old", {"api-key.env": "VLLM_API_KEY=abcdef123\n"})
+    serving_release(tmp_path, "vllm-old", {"engine.env": "VLLM_API_KEY=abcdef123\n"})
     # Same value under a name the masking does not know: scrubbed because it was masked elsewhere.
-    files = [compare.ReleaseFile("api-key.env", "VLLM_API_KEY=abcdef123\nOTHER=abcdef123\n", True)]
+    files = [compare.ReleaseFile("engine.env", "VLLM_API_KEY=abcdef123\nOTHER=abcdef123\n", True)]
     entries = compare.compare_with_serving(str(tmp_path), "vllm-old", "vllm-new", files, ROSTER_KEYS)
     assert "abcdef123" not in every_text(entries)
     assert "OTHER=********" in entries[0]["after"]
+
+
+def test_a_credential_file_named_for_its_secret_is_masked_whole(tmp_path: Path) -> None:
+    """The vllm role's `api-key` (LoadCredential): the key alone, no assignment to mask; a rotation says so."""
+    serving_release(tmp_path, "vllm-old", {"api-key": "old-k3y-abcdef"})
+    files = [compare.ReleaseFile("api-key", "n3w-k3y-abcdef", True)]
+    entries = compare.compare_with_serving(str(tmp_path), "vllm-old", "vllm-new", files, ROSTER_KEYS)
+    assert [(e["before"], e["after"]) for e in entries] == [
+        ("********\n", "********\n# api-key: a secret value changed (masked)\n")]
+    assert "k3y" not in every_text(entries)
+
+
+def test_a_credential_file_only_the_serving_release_has_is_masked_whole(tmp_path: Path) -> None:
+    serving_release(tmp_path, "vllm-old", {"api-key": "old-k3y-abcdef", "argv.json": "[]\n"})
+    files = [compare.ReleaseFile("argv.json", '["--x"]\n', False)]
+    entries = compare.compare_with_serving(str(tmp_path), "vllm-old", "vllm-new", files, ROSTER_KEYS)
+    assert "k3y" not in every_text(entries)
+    assert [e["before"] for e in entries if "api-key" in e["before_header"]] == ["********\n"]
 
 
 def test_files_only_the_serving_release_has_are_shown_removed_and_masked(tmp_path: Path) -> None:

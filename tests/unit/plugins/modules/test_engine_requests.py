@@ -138,8 +138,13 @@ api-key: {json.dumps(API_KEY)}
 admin-api-key: {json.dumps(ADMIN_KEY)}
 """
 VLLM_UNIT = """[Service]
-EnvironmentFile=/var/lib/llm-serving/releases/r2/api-key.env
+LoadCredential=api-key:/var/lib/llm-serving/releases/r2/api-key
 ExecStart=/opt/vllm/venv/bin/vllm serve /srv/models/kimi --port 8000 --middleware bws_vllm_auth.RequireApiKey
+"""
+ENV_FILE_UNIT = """[Service]
+EnvironmentFile=/etc/engine/engine.env
+EnvironmentFile=-/etc/engine/optional.env
+ExecStart=/opt/engine/bin/engine serve --port 8000
 """
 
 
@@ -153,9 +158,31 @@ def test_the_admin_key_and_the_api_key_come_from_the_config_file_the_unit_names(
     assert found == sorted([API_KEY, ADMIN_KEY])
 
 
-def test_the_api_key_comes_from_the_units_environment_file() -> None:
-    files = {"/var/lib/llm-serving/releases/r2/api-key.env": f"VLLM_API_KEY={API_KEY}\n"}
+def test_the_api_key_is_the_whole_credential_file_the_unit_loads() -> None:
+    files = {"/var/lib/llm-serving/releases/r2/api-key": API_KEY}
     assert unit_secrets.unit_text_secrets(VLLM_UNIT, ["api-key"], reader(files)) == [API_KEY]
+    files = {"/var/lib/llm-serving/releases/r2/api-key": API_KEY + "\n"}
+    assert unit_secrets.unit_text_secrets(VLLM_UNIT, ["api-key"], reader(files)) == [API_KEY]
+
+
+def test_only_credentials_named_for_a_secret_flag_are_read() -> None:
+    unit = ("[Service]\nLoadCredential=tls-cert:/etc/engine/cert.pem\nLoadCredential=admin_api_key:/etc/engine/admin\n"
+            "ExecStart=/bin/engine\n")
+    files = {"/etc/engine/admin": ADMIN_KEY}
+    assert unit_secrets.unit_text_secrets(unit, ["admin-api-key"], reader(files)) == [ADMIN_KEY]
+
+
+def test_a_secret_credential_that_cannot_be_read_here_is_an_error() -> None:
+    """Unread, its key would go unlooked-for: a missing file, and an id systemd finds in its credential stores."""
+    with pytest.raises(unit_secrets.UnitSecretsError, match=r"credential api-key \(/var/lib/\S+/r2/api-key\)"):
+        unit_secrets.unit_text_secrets(VLLM_UNIT, ["api-key"], reader({}))
+    with pytest.raises(unit_secrets.UnitSecretsError, match=r"credential api-key \(api-key\)"):
+        unit_secrets.unit_text_secrets("[Service]\nLoadCredential=api-key\n", ["api-key"], reader({}))
+
+
+def test_the_api_key_comes_from_the_units_environment_files() -> None:
+    files = {"/etc/engine/engine.env": f"OTHER=1\nVLLM_API_KEY={API_KEY}\n", "/etc/engine/optional.env": "A_TOKEN=x\n"}
+    assert unit_secrets.unit_text_secrets(ENV_FILE_UNIT, ["api-key"], reader(files)) == [API_KEY]
 
 
 def test_flags_on_the_command_line_count_in_either_spelling() -> None:
@@ -166,8 +193,8 @@ def test_flags_on_the_command_line_count_in_either_spelling() -> None:
 def test_a_config_file_the_unit_names_but_no_one_can_read_is_an_error() -> None:
     with pytest.raises(unit_secrets.UnitSecretsError, match=r"config\.yaml cannot be read"):
         unit_secrets.unit_text_secrets(SGLANG_UNIT, ["api-key"], reader({}))
-    with pytest.raises(unit_secrets.UnitSecretsError, match=r"api-key\.env"):
-        unit_secrets.unit_text_secrets(VLLM_UNIT, ["api-key"], reader({}))
+    with pytest.raises(unit_secrets.UnitSecretsError, match=r"/etc/engine/engine\.env"):
+        unit_secrets.unit_text_secrets(ENV_FILE_UNIT, ["api-key"], reader({}))
 
 
 def test_no_unit_or_no_systemd_gives_no_secrets() -> None:
