@@ -62,20 +62,23 @@ def config_values(text: str, flags: list[str]) -> list[str]:
     return values
 
 
-def environment_values(environment: dict[str, str], flags: list[str]) -> list[str]:
+def names_a_flag(name: str, flags: list[str]) -> bool:
+    """The name ends with a flag's, `_` and `-` alike (`VLLM_API_KEY` and `admin-api-key` end with `api-key`)."""
     suffixes = tuple("_" + flag.upper().replace("-", "_") for flag in flags)
-    return [value for name, value in environment.items() if ("_" + name).endswith(suffixes)]
+    return ("_" + name).endswith(suffixes)
+
+
+def environment_values(environment: dict[str, str], flags: list[str]) -> list[str]:
+    return [value for name, value in environment.items() if names_a_flag(name, flags)]
 
 
 def credential_values(credentials: list[tuple[str, str]], flags: list[str], read: Reader) -> list[str]:
     """The contents of the credentials whose id names a secret flag (`api-key`, `admin_api_key` alike), one trailing
     newline dropped as the engine's reader drops it; raises UnitSecretsError for one whose file cannot be read (a
     relative path or bare id is looked up in systemd's credential stores, which this does not search)."""
-    names = [flag.replace("_", "-").lower() for flag in flags]
     values = []
     for credential_id, source in credentials:
-        norm = credential_id.replace("_", "-").lower()
-        if not any(norm == name or norm.endswith("-" + name) for name in names):
+        if not names_a_flag(credential_id.upper().replace("-", "_"), flags):
             continue
         text = read(source) if source.startswith("/") else None
         if text is None:
